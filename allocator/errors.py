@@ -1,0 +1,68 @@
+"""Typed errors. Every refused call raises one of these and leaves the allocator unchanged."""
+
+from __future__ import annotations
+
+
+class AllocatorError(Exception):
+    """Base class of every error pagedkv's allocator raises on a refused call."""
+
+
+class InvalidArgument(AllocatorError, ValueError):
+    """A size, count or id that is negative, not an integer, or out of range."""
+
+
+class UnknownRequest(AllocatorError, KeyError):
+    """The request id is not registered (never added, or already freed)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "unknown request"
+
+
+class DuplicateRequest(AllocatorError):
+    """The request id is already registered."""
+
+
+class OutOfBlocks(AllocatorError):
+    """Not enough free or evictable blocks; nothing was changed."""
+
+    def __init__(self, needed: int, available: int) -> None:
+        super().__init__(f"need {needed} blocks, only {available} free or evictable")
+        self.needed = needed
+        self.available = available
+
+
+class GuardViolation(AllocatorError):
+    """A spec transition was attempted whose guard does not hold."""
+
+    def __init__(self, transition: str, detail: str = "") -> None:
+        msg = f"guard of transition {transition!r} does not hold"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+        self.transition = transition
+
+
+class DoubleFree(GuardViolation):
+    """A release of a block the holder does not hold (ref would go negative or be stolen)."""
+
+
+class PendingAccess(GuardViolation):
+    """A block would be recycled while a launch that saw it is still pending."""
+
+
+class PublishError(GuardViolation):
+    """A block would be handed to a kernel before its record is initialized, or after release."""
+
+
+class CommitError(AllocatorError):
+    """Committing past what was allocated, or before the writing launch completed."""
+
+
+class StaleTableError(AllocatorError):
+    """A block table entry's generation no longer matches the block's: reading it is unsafe."""
+
+
+class InvariantViolation(AllocatorError, AssertionError):
+    """An invariant of the lifecycle spec does not hold; `.invariant` names it."""
+
+    def __init__(self, invariant: str, detail: str = "") -> None:
+        super().__init__(f"invariant {invariant!r} violated" + (f": {detail}" if detail else ""))
+        self.invariant = invariant
