@@ -1,0 +1,231 @@
+"""The named invariants, written once, and the safety property each one serves.
+
+Scopes say what an invariant ranges over:
+- ``block``: ``pred(ops, s, b)`` must hold for every block b (proved over one symbolic block);
+- ``hash``: ``pred(ops, s, h)`` for every hash h;
+- ``holder``: ``pred(ops, s, r)`` for every holder r;
+- ``pool``: ``pred(ops, s)`` once, pool-wide (sums over ``s.block_ids``/``s.holder_ids``);
+- ``table``: ``pred(ops, s, t)`` for every request table ``t`` (a ``TableView``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .model import PoolState
+from .states import (
+    ALL_STATES,
+    ALLOCATED,
+    CACHED,
+    FREE,
+    NO_BLOCK,
+    NO_HASH,
+    PUBLISHED,
+    RECLAIMED,
+    REFERENCED,
+)
+
+# The safety properties the invariants serve (used as the report's second column).
+NO_DOUBLE_FREE = "no double free"
+NO_EARLY_PUBLICATION = "no publication before initialization"
+NO_RECYCLE_WHILE_PENDING = "no recycling while accesses are pending"
+NO_UNWRITTEN_HIT = "no prefix hit on unwritten KV"
+CONSERVATION = "every block accounted for exactly once"
+COPY_ON_WRITE = "shared blocks are never written"
+ISOLATION = "isolation between salts / requests"
+TABLE_SHAPE = "tables map positions to blocks correctly"
+
+
+@dataclass(frozen=True)
+class TableView:
+    """A request's table as the spec sees it.
+
+    ``chain[i]`` is the request's own salted hash-chain value for full block i (``NO_HASH``
+    where the block is not full or its tokens are not known yet).
+    """
+
+    holder: Any
+    entries: Sequence[Any]
+    reserved: Any
+    computed: Any
+    chain: Sequence[Any]
+
+
+@dataclass(frozen=True)
+class Invariant:
+    name: str
+    scope: str
+    pred: Callable[..., Any]
+    property: str
+    doc: str
+
+
+def _in(ops: Any, x: Any, *values: Any) -> Any:
+    return ops.Or(*[x == v for v in values])
+
+
+def _state_in_range(ops: Any, s: PoolState, b: Any) -> Any:
+    return _in(ops, s.state[b], *ALL_STATES)
+
+
+def _conservation(ops: Any, s: PoolState) -> Any:
+    exact = [
+        s.count[st] == ops.Sum([ops.If(s.state[b] == st, 1, 0) for b in s.block_ids])
+        for st in ALL_STATES
+    ]
+    return ops.And(ops.Sum([s.count[st] for st in ALL_STATES]) == s.num_blocks, *exact)
+
+
+def _ref_matches_holders(ops: Any, s: PoolState, b: Any) -> Any:
+    return s.ref[b] == ops.Sum([ops.If(s.holds[r][b], 1, 0) for r in s.holder_ids])
+
+
+def _ref_nonnegative(ops: Any, s: PoolState, b: Any) -> Any:
+    return s.ref[b] >= 0
+
+
+def _ref_positive_iff_held(ops: Any, s: PoolState, b: Any) -> Any:
+    st = s.state[b]
+    return ops.And(
+        (s.ref[b] > 0) == _in(ops, st, ALLOCATED, PUBLISHED, REFERENCED),
+        ops.Implies(st == ALLOCATED, s.ref[b] == 1),
+    )
+
+
+def _initialized_iff_live(ops: Any, s: PoolState, b: Any) -> Any:
+    return s.init[b] == _in(ops, s.state[b], ALLOCATED, PUBLISHED, REFERENCED, CACHED)
+
+
+def _no_pending_when_free(ops: Any, s: PoolState, b: Any) -> Any:
+    st = s.state[b]
+    return ops.And(
+        ops.Implies(_in(ops, st, FREE, ALLOCATED), s.pending[b] == 0),
+        s.wpend[b] >= 0,
+        s.wpend[b] <= s.pending[b],
+    )
+
+
+def _hash_map_agrees_block(ops: Any, s: PoolState, b: Any) -> Any:
+    hashed = s.hash[b] != NO_HASH
+    return ops.And(
+        hashed == _in(ops, s.state[b], REFERENCED, CACHED),
+        ops.Implies(hashed, s.hmap[s.hash[b]] == b),
+    )
+
+
+def _hash_map_agrees_hash(ops: Any, s: PoolState, h: Any) -> Any:
+    b = s.hmap[h]
+    return ops.Implies(
+        b != NO_BLOCK, ops.And(h != NO_HASH, b >= 0, b < s.num_blocks, s.hash[b] == h)
+    )
+
+
+def _cached_blocks_written(ops: Any, s: PoolState, b: Any) -> Any:
+    return ops.Implies(
+        _in(ops, s.state[b], REFERENCED, CACHED),
+        ops.And(s.filled[b] == s.block_size, s.wpend[b] == 0),
+    )
+
+
+def _queue_is_free_and_cached(ops: Any, s: PoolState, b: Any) -> Any:
+    return s.queued[b] == _in(ops, s.state[b], FREE, CACHED)
+
+
+def _exclusive_writes(ops: Any, s: PoolState, b: Any) -> Any:
+    st = s.state[b]
+    return ops.And(
+        s.filled[b] >= 0,
+        s.filled[b] <= s.block_size,
+        ops.Implies(_in(ops, st, FREE, RECLAIMED), s.filled[b] == 0),
+        ops.Implies(
+            s.wpend[b] > 0,
+            ops.Or(ops.And(st == PUBLISHED, s.ref[b] == 1), st == RECLAIMED),
+        ),
+    )
+
+
+def _holders_consistent(ops: Any, s: PoolState, r: Any) -> Any:
+    held = ops.Sum([ops.If(s.holds[r][b], 1, 0) for b in s.block_ids])
+    return ops.And(s.nheld[r] == held, ops.Implies(ops.Not(s.alive[r]), s.nheld[r] == 0))
+
+
+def _table_covers_reserved(ops: Any, s: PoolState, t: TableView) -> Any:
+    n = len(t.entries)
+    return ops.And(
+        n * s.block_size >= t.reserved,
+        n * s.block_size < t.reserved + s.block_size,
+        t.computed >= 0,
+        t.computed <= t.reserved,
+    )
+
+
+def _table_distinct_and_held(ops: Any, s: PoolState, t: TableView) -> Any:
+    distinct = [
+        t.entries[i] != t.entries[j]
+        for i in range(len(t.entries))
+        for j in range(i + 1, len(t.entries))
+    ]
+    held = [s.holds[t.holder][e] for e in t.entries]
+    return ops.And(s.alive[t.holder], s.nheld[t.holder] == len(t.entries), *distinct, *held)
+
+
+def _table_isolation(ops: Any, s: PoolState, t: TableView) -> Any:
+    return ops.And(
+        *[
+            ops.Implies(s.hash[e] != NO_HASH, s.hash[e] == t.chain[i])
+            for i, e in enumerate(t.entries)
+        ]
+    )
+
+
+INVARIANTS: dict[str, Invariant] = {
+    inv.name: inv
+    for inv in (
+        Invariant("state_in_range", "block", _state_in_range, CONSERVATION,
+                  "every block is in exactly one of the six states"),
+        Invariant("conservation", "pool", _conservation, CONSERVATION,
+                  "per-state counts are exact and sum to the pool size"),
+        Invariant("ref_matches_holders", "block", _ref_matches_holders, NO_DOUBLE_FREE,
+                  "ref = number of live tables holding the block"),
+        Invariant("ref_nonnegative", "block", _ref_nonnegative, NO_DOUBLE_FREE,
+                  "ref never goes negative"),
+        Invariant("ref_positive_iff_held", "block", _ref_positive_iff_held, NO_DOUBLE_FREE,
+                  "ref > 0 exactly in ALLOCATED/PUBLISHED/REFERENCED; ALLOCATED has ref 1"),
+        Invariant("initialized_iff_live", "block", _initialized_iff_live, NO_EARLY_PUBLICATION,
+                  "every block a table or the cache can hand out has an initialized record"),
+        Invariant("no_pending_when_free", "block", _no_pending_when_free,
+                  NO_RECYCLE_WHILE_PENDING,
+                  "pending > 0 never in FREE or ALLOCATED; 0 <= writing <= pending"),
+        Invariant("hash_map_agrees", "block", _hash_map_agrees_block, NO_UNWRITTEN_HIT,
+                  "a block has a hash exactly when REFERENCED/CACHED, and the map points back"),
+        Invariant("one_block_per_hash", "hash", _hash_map_agrees_hash, NO_UNWRITTEN_HIT,
+                  "the hash map points only at in-range blocks carrying that hash"),
+        Invariant("cached_blocks_written", "block", _cached_blocks_written, NO_UNWRITTEN_HIT,
+                  "REFERENCED/CACHED blocks are full and their writes have completed"),
+        Invariant("queue_is_free_and_cached", "block", _queue_is_free_and_cached,
+                  CONSERVATION, "the eviction queue holds exactly the FREE and CACHED blocks"),
+        Invariant("exclusive_writes", "block", _exclusive_writes, COPY_ON_WRITE,
+                  "only an exclusively held PUBLISHED block is written (copy-on-write)"),
+        Invariant("holders_consistent", "holder", _holders_consistent, NO_DOUBLE_FREE,
+                  "a holder's ghost count matches what it holds; dead holders hold nothing"),
+        Invariant("table_covers_reserved", "table", _table_covers_reserved, TABLE_SHAPE,
+                  "a table has ceil(reserved / B) entries and computed <= reserved"),
+        Invariant("table_distinct_and_held", "table", _table_distinct_and_held, TABLE_SHAPE,
+                  "no block twice in a table; every entry is held by that table"),
+        Invariant("table_isolation", "table", _table_isolation, ISOLATION,
+                  "a hashed entry at index i carries the request's own salted chain hash at i"),
+    )
+}
+
+PROPERTIES = (
+    NO_DOUBLE_FREE,
+    NO_EARLY_PUBLICATION,
+    NO_RECYCLE_WHILE_PENDING,
+    NO_UNWRITTEN_HIT,
+    CONSERVATION,
+    COPY_ON_WRITE,
+    ISOLATION,
+    TABLE_SHAPE,
+)

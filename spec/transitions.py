@@ -1,0 +1,269 @@
+"""The lifecycle transitions, written once: guard and effect of each, as data.
+
+``guard(ops, s, **params)`` is a boolean term; ``effect(ops, s, **params)`` returns the
+post-state. Both use only ``ops`` connectives, comparisons, linear arithmetic and array
+reads/``ops.store`` so they evaluate on concrete values and on z3 terms alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .model import PoolState
+from .states import (
+    ALLOCATED,
+    CACHED,
+    FREE,
+    NO_BLOCK,
+    NO_HASH,
+    PUBLISHED,
+    RECLAIMED,
+    REFERENCED,
+)
+
+
+@dataclass(frozen=True)
+class Transition:
+    name: str
+    params: tuple[str, ...]
+    guard: Callable[..., Any]
+    effect: Callable[..., PoolState]
+    doc: str
+
+    def enabled(self, ops: Any, s: PoolState, **params: Any) -> Any:
+        return self.guard(ops, s, **params)
+
+    def apply(self, ops: Any, s: PoolState, **params: Any) -> PoolState:
+        return self.effect(ops, s, **params)
+
+
+def _set(ops: Any, arr: Any, key: Any, value: Any) -> Any:
+    return ops.store(arr, key, value)
+
+
+def _move(ops: Any, s: PoolState, b: Any, new_state: Any) -> dict[str, Any]:
+    """Change block b's state, keeping the ghost per-state counters exact."""
+    old = s.state[b]
+    count = _set(ops, s.count, old, s.count[old] - 1)
+    count = _set(ops, count, new_state, count[new_state] + 1)
+    return {"state": _set(ops, s.state, b, new_state), "count": count}
+
+
+def _hold(ops: Any, s: PoolState, r: Any, b: Any, held: Any) -> dict[str, Any]:
+    delta = ops.If(held, 1, -1)
+    return {
+        "holds": _set(ops, s.holds, r, _set(ops, s.holds[r], b, held)),
+        "nheld": _set(ops, s.nheld, r, s.nheld[r] + delta),
+    }
+
+
+def _held_state(ops: Any, st: Any) -> Any:
+    return ops.Or(st == ALLOCATED, st == PUBLISHED, st == REFERENCED)
+
+
+# --- allocate: FREE -> ALLOCATED -------------------------------------------------------------
+def _allocate_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
+    return ops.And(
+        s.state[b] == FREE, s.pending[b] == 0, s.alive[r], ops.Not(s.holds[r][b])
+    )
+
+
+def _allocate_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
+    return s.replace(
+        **_move(ops, s, b, ALLOCATED),
+        **_hold(ops, s, r, b, True),
+        ref=_set(ops, s.ref, b, 1),
+        init=_set(ops, s.init, b, True),
+        filled=_set(ops, s.filled, b, 0),
+        queued=_set(ops, s.queued, b, False),
+    )
+
+
+# --- publish: ALLOCATED -> PUBLISHED ---------------------------------------------------------
+def _publish_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
+    return ops.And(s.state[b] == ALLOCATED, s.init[b], s.alive[r], s.holds[r][b])
+
+
+def _publish_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
+    return s.replace(**_move(ops, s, b, PUBLISHED))
+
+
+# --- begin_access: a launch that reads (w = 0) or writes w slots of b begins -----------------
+def _begin_access_guard(ops: Any, s: PoolState, b: Any, r: Any, w: Any) -> Any:
+    st = s.state[b]
+    return ops.And(
+        s.alive[r],
+        s.holds[r][b],
+        s.init[b],
+        ops.Or(st == PUBLISHED, st == REFERENCED),
+        w >= 0,
+        ops.Implies(
+            w > 0,
+            ops.And(st == PUBLISHED, s.ref[b] == 1, s.filled[b] + w <= s.block_size),
+        ),
+    )
+
+
+def _begin_access_effect(ops: Any, s: PoolState, b: Any, r: Any, w: Any) -> PoolState:
+    return s.replace(
+        pending=_set(ops, s.pending, b, s.pending[b] + 1),
+        wpend=_set(ops, s.wpend, b, s.wpend[b] + ops.If(w > 0, 1, 0)),
+        filled=_set(ops, s.filled, b, s.filled[b] + w),
+    )
+
+
+# --- end_access: that launch completed -------------------------------------------------------
+def _end_access_guard(ops: Any, s: PoolState, b: Any, writes: Any) -> Any:
+    # A reading access can complete only while one is pending: writers are counted apart.
+    return ops.And(
+        s.pending[b] > 0, ops.If(writes, s.wpend[b] > 0, s.wpend[b] < s.pending[b])
+    )
+
+
+def _end_access_effect(ops: Any, s: PoolState, b: Any, writes: Any) -> PoolState:
+    return s.replace(
+        pending=_set(ops, s.pending, b, s.pending[b] - 1),
+        wpend=_set(ops, s.wpend, b, s.wpend[b] - ops.If(writes, 1, 0)),
+    )
+
+
+# --- commit: PUBLISHED -> REFERENCED, registered under hash h --------------------------------
+def _commit_guard(ops: Any, s: PoolState, b: Any, r: Any, h: Any) -> Any:
+    return ops.And(
+        s.state[b] == PUBLISHED,
+        s.holds[r][b],
+        s.filled[b] == s.block_size,
+        s.wpend[b] == 0,
+        h != NO_HASH,
+        s.hmap[h] == NO_BLOCK,
+    )
+
+
+def _commit_effect(ops: Any, s: PoolState, b: Any, r: Any, h: Any) -> PoolState:
+    return s.replace(
+        **_move(ops, s, b, REFERENCED),
+        hash=_set(ops, s.hash, b, h),
+        hmap=_set(ops, s.hmap, h, b),
+    )
+
+
+# --- share: a prefix hit or a fork takes one more reference (revives ZERO-REF CACHED) --------
+def _share_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
+    st = s.state[b]
+    return ops.And(
+        ops.Or(st == PUBLISHED, st == REFERENCED, st == CACHED),
+        s.wpend[b] == 0,
+        s.alive[r],
+        ops.Not(s.holds[r][b]),
+    )
+
+
+def _share_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
+    st = s.state[b]
+    return s.replace(
+        **_move(ops, s, b, ops.If(st == CACHED, REFERENCED, st)),
+        **_hold(ops, s, r, b, True),
+        ref=_set(ops, s.ref, b, s.ref[b] + 1),
+        queued=_set(ops, s.queued, b, False),
+    )
+
+
+# --- release: ref - 1; at 0 REFERENCED -> CACHED, ALLOCATED/PUBLISHED -> RECLAIMED -----------
+def _release_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
+    return ops.And(s.ref[b] > 0, s.holds[r][b], _held_state(ops, s.state[b]))
+
+
+def _release_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
+    st = s.state[b]
+    last = s.ref[b] == 1
+    to_cache = ops.And(last, st == REFERENCED)
+    invalidate = ops.And(last, st != REFERENCED)
+    return s.replace(
+        **_move(ops, s, b, ops.If(to_cache, CACHED, ops.If(invalidate, RECLAIMED, st))),
+        **_hold(ops, s, r, b, False),
+        ref=_set(ops, s.ref, b, s.ref[b] - 1),
+        init=_set(ops, s.init, b, ops.If(invalidate, False, s.init[b])),
+        gen=_set(ops, s.gen, b, s.gen[b] + ops.If(invalidate, 1, 0)),
+        filled=_set(ops, s.filled, b, ops.If(invalidate, 0, s.filled[b])),
+        queued=_set(ops, s.queued, b, ops.Or(s.queued[b], to_cache)),
+    )
+
+
+# --- evict: ZERO-REF CACHED -> RECLAIMED -----------------------------------------------------
+def _evict_guard(ops: Any, s: PoolState, b: Any) -> Any:
+    return s.state[b] == CACHED
+
+
+def _evict_effect(ops: Any, s: PoolState, b: Any) -> PoolState:
+    return s.replace(
+        **_move(ops, s, b, RECLAIMED),
+        hmap=_set(ops, s.hmap, s.hash[b], NO_BLOCK),
+        hash=_set(ops, s.hash, b, NO_HASH),
+        init=_set(ops, s.init, b, False),
+        gen=_set(ops, s.gen, b, s.gen[b] + 1),
+        filled=_set(ops, s.filled, b, 0),
+        queued=_set(ops, s.queued, b, False),
+    )
+
+
+# --- recycle: RECLAIMED -> FREE once nothing that saw it is pending --------------------------
+def _recycle_guard(ops: Any, s: PoolState, b: Any) -> Any:
+    return ops.And(s.state[b] == RECLAIMED, s.pending[b] == 0)
+
+
+def _recycle_effect(ops: Any, s: PoolState, b: Any) -> PoolState:
+    return s.replace(**_move(ops, s, b, FREE), queued=_set(ops, s.queued, b, True))
+
+
+# --- holders (request tables) open and close --------------------------------------------------
+def _open_guard(ops: Any, s: PoolState, r: Any) -> Any:
+    return ops.Not(s.alive[r])
+
+
+def _open_effect(ops: Any, s: PoolState, r: Any) -> PoolState:
+    return s.replace(alive=_set(ops, s.alive, r, True))
+
+
+def _close_guard(ops: Any, s: PoolState, r: Any) -> Any:
+    return ops.And(s.alive[r], s.nheld[r] == 0)
+
+
+def _close_effect(ops: Any, s: PoolState, r: Any) -> PoolState:
+    return s.replace(alive=_set(ops, s.alive, r, False))
+
+
+def slots_written(ops: Any, s: PoolState, b: Any, upto: Any) -> Any:
+    """Slots [0, upto) of b were written by launches that have all completed."""
+    return ops.And(s.filled[b] >= upto, s.wpend[b] == 0)
+
+
+TRANSITIONS: dict[str, Transition] = {
+    t.name: t
+    for t in (
+        Transition("allocate", ("b", "r"), _allocate_guard, _allocate_effect,
+                   "FREE -> ALLOCATED for holder r [no pending accesses]"),
+        Transition("publish", ("b", "r"), _publish_guard, _publish_effect,
+                   "ALLOCATED -> PUBLISHED [record initialized; r's table holds it]"),
+        Transition("begin_access", ("b", "r", "w"), _begin_access_guard, _begin_access_effect,
+                   "a launch through r's table starts reading b (w = 0) or writing w slots"),
+        Transition("end_access", ("b", "writes"), _end_access_guard, _end_access_effect,
+                   "a launch that saw b completed"),
+        Transition("commit", ("b", "r", "h"), _commit_guard, _commit_effect,
+                   "PUBLISHED -> REFERENCED under hash h [full, written, write completed, "
+                   "h not cached]"),
+        Transition("share", ("b", "r"), _share_guard, _share_effect,
+                   "prefix hit or fork: ref + 1; ZERO-REF CACHED -> REFERENCED"),
+        Transition("release", ("b", "r"), _release_guard, _release_effect,
+                   "ref - 1 [r holds b, else DoubleFree]; at 0 -> CACHED or RECLAIMED"),
+        Transition("evict", ("b",), _evict_guard, _evict_effect,
+                   "ZERO-REF CACHED -> RECLAIMED; hash dropped, generation bumped"),
+        Transition("recycle", ("b",), _recycle_guard, _recycle_effect,
+                   "RECLAIMED -> FREE [pending = 0]"),
+        Transition("open_holder", ("r",), _open_guard, _open_effect,
+                   "a request's table comes into being"),
+        Transition("close_holder", ("r",), _close_guard, _close_effect,
+                   "a request's table goes away [it holds nothing]"),
+    )
+}
