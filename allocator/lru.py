@@ -1,0 +1,83 @@
+"""An intrusive doubly linked list over block ids: O(1) push, pop and unlink, no list.remove."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+class BlockQueue:
+    """The eviction queue. Slot ``n`` is the sentinel; ``inq[b]`` says whether b is linked."""
+
+    __slots__ = ("_prev", "_next", "inq", "_sentinel", "length")
+
+    def __init__(self, num_blocks: int) -> None:
+        n = num_blocks
+        assert n >= 1
+        self._sentinel = n
+        # Initially every block is queued in id order: 0 at the head.
+        self._next = list(range(1, n + 1)) + [0]
+        self._prev = [n] + list(range(0, n - 1)) + [n - 1]
+        self.inq = [True] * n
+        self.length = n
+
+    def head(self) -> int | None:
+        b = self._next[self._sentinel]
+        return None if b == self._sentinel else b
+
+    def push_tail(self, b: int) -> None:
+        last = self._prev[self._sentinel]
+        self._next[last] = b
+        self._prev[b] = last
+        self._next[b] = self._sentinel
+        self._prev[self._sentinel] = b
+        self.inq[b] = True
+        self.length += 1
+
+    def push_head(self, b: int) -> None:
+        first = self._next[self._sentinel]
+        self._prev[first] = b
+        self._next[b] = first
+        self._prev[b] = self._sentinel
+        self._next[self._sentinel] = b
+        self.inq[b] = True
+        self.length += 1
+
+    def unlink(self, b: int) -> None:
+        p, q = self._prev[b], self._next[b]
+        self._next[p] = q
+        self._prev[q] = p
+        self.inq[b] = False
+        self.length -= 1
+
+    def __iter__(self) -> Iterator[int]:
+        b = self._next[self._sentinel]
+        while b != self._sentinel:
+            yield b
+            b = self._next[b]
+
+    def order(self) -> list[int]:
+        return list(self)
+
+    def structure_errors(self) -> list[str]:
+        """Scan: the links are mutually consistent and every queued block appears once."""
+        errors: list[str] = []
+        seen: set[int] = set()
+        b, steps = self._sentinel, 0
+        while True:
+            nxt = self._next[b]
+            if self._prev[nxt] != b:
+                errors.append(f"broken link {b} -> {nxt}")
+                break
+            if nxt == self._sentinel:
+                break
+            if nxt in seen:
+                errors.append(f"block {nxt} twice in the queue")
+                break
+            seen.add(nxt)
+            b, steps = nxt, steps + 1
+        flagged = {i for i, q in enumerate(self.inq) if q}
+        if flagged != seen:
+            errors.append(f"queued flags disagree with links: {sorted(flagged ^ seen)[:8]}")
+        if len(seen) != self.length:
+            errors.append(f"length {self.length} != {len(seen)} linked")
+        return errors
