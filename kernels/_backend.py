@@ -1,0 +1,152 @@
+"""Array plumbing shared by the launchers: numpy arrays and torch tensors (CPU or CUDA) in,
+what a numba kernel accepts out, and the stream a launch goes on.
+
+In the CUDA simulator a torch CPU tensor travels as a numpy view of the same memory (bf16 as an
+int16 view); on a real GPU a torch CUDA tensor passes straight in through ``__dlpack__`` and the
+launch goes on torch's current stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import config as _numba_config
+from numba import cuda
+
+from .errors import KernelDeviceError, KernelTypeError
+
+try:  # torch is optional: numpy arrays work without it
+    import torch
+except ImportError:  # pragma: no cover - exercised only without torch installed
+    torch = None  # type: ignore[assignment]
+
+SIMULATOR: bool = bool(_numba_config.ENABLE_CUDASIM)
+
+# Element kinds of a KV cache: name -> bytes per element.
+KV_KINDS = {"f32": 4, "f16": 2, "bf16": 2}
+_WORD_NP = {8: np.int64, 4: np.int32, 2: np.int16}
+
+
+def is_torch(x: Any) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_cuda_tensor(x: Any) -> bool:
+    return is_torch(x) and x.is_cuda
+
+
+def check_array(name: str, x: Any) -> None:
+    if not (isinstance(x, np.ndarray) or is_torch(x)):
+        raise KernelTypeError(f"{name} must be a numpy array or a torch tensor, got {type(x)!r}")
+
+
+def kv_kind(name: str, x: Any) -> str:
+    """The element kind of a KV array: 'f32', 'f16' or 'bf16'."""
+    if is_torch(x):
+        table = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+        kind = table.get(x.dtype)
+    else:
+        kind = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}.get(x.dtype)
+    if kind is None:
+        raise KernelTypeError(f"{name} has dtype {x.dtype}; expected float16, bfloat16 or float32")
+    return kind
+
+
+def is_float_array(x: Any) -> bool:
+    if is_torch(x):
+        return x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    return x.dtype in (np.float16, np.float32, np.float64)
+
+
+def is_int_array(x: Any) -> bool:
+    if is_torch(x):
+        return x.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+    return np.issubdtype(x.dtype, np.integer)
+
+
+def device_of(x: Any) -> str:
+    if is_torch(x):
+        return str(x.device)
+    return "cpu"
+
+
+def same_device(names_and_arrays: list[tuple[str, Any]]) -> str:
+    """Check every array lives on one device; return it. CUDA tensors need a real GPU."""
+    devices = {device_of(a) for _, a in names_and_arrays}
+    if len(devices) != 1:
+        listing = ", ".join(f"{n}: {device_of(a)}" for n, a in names_and_arrays)
+        raise KernelDeviceError(f"arguments live on different devices ({listing})")
+    dev = devices.pop()
+    if dev != "cpu" and SIMULATOR:
+        raise KernelDeviceError("CUDA tensors cannot be used under the CUDA simulator")
+    return dev
+
+
+def host_copy(x: Any) -> np.ndarray:
+    """A numpy copy/view of an index array, for validation on the host."""
+    if is_torch(x):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def is_contiguous(x: Any) -> bool:
+    if is_torch(x):
+        return x.is_contiguous()
+    return bool(x.flags.c_contiguous)
+
+
+def kernel_arg(x: Any) -> Any:
+    """What a numba kernel is given for ``x`` (no copy)."""
+    if is_torch(x):
+        if x.is_cuda:
+            return x.detach()
+        t = x.detach()
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        return t.numpy()
+    return x
+
+
+def word_view(x: Any, word_bytes: int) -> Any:
+    """``x`` (contiguous, last dim a multiple of the word) reinterpreted as integer words."""
+    if is_torch(x):
+        t = x.detach()
+        wt = {8: torch.int64, 4: torch.int32, 2: torch.int16}[word_bytes]
+        return kernel_arg(t.view(wt))
+    return x.view(_WORD_NP[word_bytes])
+
+
+def index_arg(x: Any, like: Any, dtype: str = "int32") -> Any:
+    """An index array (numpy or torch, any device) as a contiguous kernel argument of ``dtype``
+    on the device of ``like`` (the caches)."""
+    if is_cuda_tensor(like):
+        t = torch.as_tensor(x) if not is_torch(x) else x.detach()
+        return t.to(device=like.device, dtype=getattr(torch, dtype)).contiguous()
+    return np.ascontiguousarray(host_copy(x), dtype=dtype)
+
+
+def empty(like: Any, shape: tuple[int, ...], dtype: str = "float32") -> Any:
+    """An uninitialised array on the device of ``like`` (torch tensor or numpy array)."""
+    if is_torch(like):
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+    return np.empty(shape, dtype=dtype)
+
+
+def stream_for(x: Any) -> Any:
+    """The stream to launch on: torch's current stream for CUDA tensors, else the default."""
+    if is_cuda_tensor(x) and not SIMULATOR:
+        return cuda.external_stream(torch.cuda.current_stream(x.device).cuda_stream)
+    return 0
+
+
+def num_sms(x: Any) -> int:
+    """Streaming multiprocessors of the device ``x`` lives on (132 assumed in the simulator)."""
+    if is_cuda_tensor(x) and not SIMULATOR:
+        return int(torch.cuda.get_device_properties(x.device).multi_processor_count)
+    if not SIMULATOR:
+        try:
+            return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+        except Exception:  # no usable GPU: assume an H100/H200-sized count
+            return 132
+    return 132
