@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import z3
@@ -32,6 +32,7 @@ from pagedkv.spec.ops import Z3Ops
 from pagedkv.spec.transitions import Transition
 
 from .z3_model import (
+    DEFAULT_BOUNDED,
     DEFAULT_INVARIANTS,
     DEFAULT_TRANSITIONS,
     BoundedConfig,
@@ -105,6 +106,8 @@ class Frame:
     anchors_b: tuple[Any, ...]
     anchors_r: tuple[Any, ...]
     goal_point: Any = None
+    extra_blocks: list[Any] = field(default_factory=list)
+    extra_hashes: list[Any] = field(default_factory=list)
 
 
 def _goal_var(scope: str) -> Any:
@@ -121,11 +124,13 @@ def build_frame(
     goal_scope: str | None = None,
     extra_blocks: int = 0,
     tag: str = "pre_",
+    extra_hashes: int = 0,
 ) -> Frame:
     """Pre-state, parameters, and Inv at every relevant point (see module doc)."""
     invs = proof_invariants(invariants)
     params = param_vars(t, "p_") if t is not None else {}
     extra = [z3.Int(f"blk{i}") for i in range(extra_blocks)]
+    xh = [z3.Int(f"hash{i}") for i in range(extra_hashes)]
     if mode == "bounded":
         s, dom = bounded_state(cfg, tag)
         ops: Any = Z3Ops()
@@ -133,13 +138,15 @@ def build_frame(
         for p, v in params.items():
             hyps.append(param_domain(param_kind(p), v, s, cfg))
         hyps += [param_domain("block", v, s, cfg) for v in extra]
+        hyps += [param_domain("hash", v, s, cfg) for v in xh]
         uni = Universe(list(range(cfg.blocks)), list(range(cfg.holders)), list(cfg.hashes))
         for inv in invs.values():
             pts = {"block": uni.blocks, "hash": uni.hashes, "holder": uni.holders,
                    "pool": [None]}[inv.scope]
             hyps += [instance(ops, inv, s, p) for p in pts]
         goal = None
-        return Frame(s, params, hyps, ops, uni, tuple(s.block_ids), tuple(s.holder_ids), goal)
+        return Frame(s, params, hyps, ops, uni, tuple(s.block_ids), tuple(s.holder_ids), goal,
+                     extra, xh)
 
     # symbolic
     s = symbolic_state(tag)
@@ -158,7 +165,7 @@ def build_frame(
         hyps.append(z3.Distinct(*anchors_r))
     goal = _goal_var(goal_scope) if goal_scope else None
     pt_blocks = list(anchors_b)
-    pt_hashes = list(hash_params)
+    pt_hashes = list(hash_params) + xh
     pt_holders = list(anchors_r)
     if goal_scope == "block":
         hyps.append(in_range(s, goal))
@@ -180,7 +187,7 @@ def build_frame(
         elif inv.scope == "pool":
             hyps.append(instance(ops, inv, s, None))
     uni = Universe(pt_blocks, pt_holders, pt_hashes[: len(pt_hashes) - len(pt_blocks)])
-    return Frame(s, params, hyps, ops, uni, anchors_b, anchors_r, goal)
+    return Frame(s, params, hyps, ops, uni, anchors_b, anchors_r, goal, extra, xh)
 
 
 def solve(
@@ -249,7 +256,7 @@ def prove_obligation(
     mode: str = "symbolic",
     transitions: Mapping[str, Transition] = DEFAULT_TRANSITIONS,
     invariants: Mapping[str, Invariant] = DEFAULT_INVARIANTS,
-    cfg: BoundedConfig = BoundedConfig(),
+    cfg: BoundedConfig = DEFAULT_BOUNDED,
     timeout_ms: int = 20000,
 ) -> Obligation:
     t0 = time.perf_counter()
@@ -336,7 +343,7 @@ def induction_matrix(
     mode: str = "symbolic",
     transitions: Mapping[str, Transition] = DEFAULT_TRANSITIONS,
     invariants: Mapping[str, Invariant] = DEFAULT_INVARIANTS,
-    cfg: BoundedConfig = BoundedConfig(),
+    cfg: BoundedConfig = DEFAULT_BOUNDED,
     timeout_ms: int = 20000,
     progress: Callable[[str], None] | None = None,
     only: Mapping[str, Any] | None = None,

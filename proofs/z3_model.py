@@ -412,3 +412,4 @@ def all_pairs(xs: list[Any]) -> Iterable[tuple[Any, Any]]:
 
 DEFAULT_TRANSITIONS = TRANSITIONS
 DEFAULT_INVARIANTS = INVARIANTS
+DEFAULT_BOUNDED = BoundedConfig()
