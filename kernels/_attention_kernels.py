@@ -121,6 +121,7 @@ def attention_kernel(
     ROWS = Q * G
     T = S * ROWS * L
     TILE = S * R
+    RCW = R * CW  # words of K (or V) a thread holds per tile
     B = block_size
     SPLIT = split
     word_t = _WORD_NP[word_bytes]
@@ -156,8 +157,8 @@ def attention_kernel(
         acc = cuda.local.array(CE, float32)
         kf = cuda.local.array(CE, float32)
         vf = cuda.local.array(CE, float32)
-        kwords = cuda.local.array(R * CW, word_t)
-        vwords = cuda.local.array(R * CW, word_t)
+        kwords = cuda.local.array(RCW, word_t)
+        vwords = cuda.local.array(RCW, word_t)
         scores = cuda.local.array(R, float32)
         for e in range(CE):
             acc[e] = float32(0.0)
