@@ -28,6 +28,7 @@ _EXTRA_KINDS = {str: KIND_STR, int: KIND_INT, bytes: KIND_BYTES}
 def frame(kind: int, payload: bytes) -> bytes:
     """One field: kind tag, payload length (8 bytes, big-endian), payload.
 
+    pre: 0 <= kind < 256
     post: __return__[0] == kind
     post: int.from_bytes(__return__[1:9], "big") == len(payload)
     post: __return__[9:] == payload
@@ -39,6 +40,7 @@ def frame(kind: int, payload: bytes) -> bytes:
 def encode_fields(fields: Sequence[tuple[int, bytes]]) -> bytes:
     """Concatenate framed fields. Injective: distinct field sequences give distinct bytes.
 
+    pre: all(0 <= kind < 256 for kind, _ in fields)
     post: decode_fields(__return__) == list(fields)
     """
     return b"".join(frame(kind, payload) for kind, payload in fields)
