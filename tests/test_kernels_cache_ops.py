@@ -22,6 +22,8 @@ DTYPES = [
     pytest.param(torch.float16, id="f16"),
     pytest.param(torch.float32, id="f32"),
     pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, marks=pytest.mark.gpu, id="gpu-f16"),
+    pytest.param(torch.bfloat16, marks=pytest.mark.gpu, id="gpu-bf16"),
 ]
 
 
