@@ -1,0 +1,391 @@
+"""Run every z3 proof and the reachability search; one JSON-able report.
+
+API (for the CLI)::
+
+    from pagedkv.proofs.runner import run_all
+    report = run_all(quick=False, progress=print)   # progress: Callable[[str], None] | None
+    report.ok            # False if any obligation is not "proved", any check fails
+    report.to_dict()     # JSON-serializable
+    print(report.table())
+
+``python -m pagedkv.proofs.runner [--quick] [--json PATH]`` prints the table.
+
+The explorer runs in a forked child process while z3 works in this one (2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pagedkv.spec.check import spec_digest
+from pagedkv.spec.invariants import Invariant
+from pagedkv.spec.transitions import Transition
+
+from .bmc import BMCConfig, bmc
+from .explore import ExploreConfig, ExploreResult, explore
+from .induction import COUNTEREXAMPLE, PROVED, UNKNOWN, induction_matrix, unsupported
+from .nonvacuity import ENABLED, nonvacuity
+from .safety import prove_safety
+from .z3_model import DEFAULT_INVARIANTS, DEFAULT_TRANSITIONS, BoundedConfig
+
+Progress = Callable[[str], None] | None
+
+
+@dataclass
+class ProofReport:
+    ok: bool
+    quick: bool
+    spec_digest: str
+    config: dict[str, Any]
+    assumptions: list[str]
+    invariants: dict[str, dict[str, Any]]
+    safety: dict[str, dict[str, Any]]
+    transitions: dict[str, dict[str, Any]]
+    exploration: dict[str, dict[str, Any]]
+    bmc: dict[str, Any]
+    totals: dict[str, Any]
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), default=str, **kw)
+
+    def table(self) -> str:
+        return format_table(self)
+
+
+def assumptions(bcfg: BoundedConfig, ecfgs: list[ExploreConfig], mcfg: BMCConfig) -> list[str]:
+    e = ecfgs[0]
+    return [
+        "A launch's completion is modelled by the spec's per-block pending/wpend counters "
+        "(begin_access / end_access); a launch may complete at any later step.",
+        "No hash collisions: distinct chain values (salt, tokens) are distinct integers; "
+        "NO_HASH = 0 is no hash.",
+        "Transition parameters name blocks of the pool (0 <= b < num_blocks): the spec's "
+        "guards do not check this, the allocator's API must.",
+        "Symbolic (unbounded) proofs: pool size, block size and every array are symbolic; a "
+        "pool-wide sum (conservation, ref = #holders, nheld = #held) is split into the "
+        "transition's own block/holder plus a symbolic rest, bounded by 0 <= rest <= n - 1 "
+        "when each term is 0/1; the frame condition (the transition changes no other term) is "
+        "proved for every sum of every goal. Sound for any number of blocks and holders.",
+        f"Bounded proofs: exactly {bcfg.blocks} blocks and {bcfg.holders} holders, hashes "
+        f"{bcfg.hashes[1:]} (complete for that size up to renaming of hash values: at most "
+        f"{bcfg.blocks} hashes are carried plus one fresh one to commit), block size symbolic.",
+        "Table-scoped invariants (table_*) concern the request layer, which the spec has no "
+        "transitions for: tested exhaustively by the explorer's request layer (tables as "
+        "tuples: allocate/share append, release pops the tail, commit uses the table "
+        "position's chain value, share is a prefix hit or a fork), not proved.",
+        f"Exploration: {e.blocks} blocks, {e.holders} holders, block size {e.block_size}, "
+        f"hash values {list(e.hashes)} shared by every holder's chain, at most "
+        f"{e.max_pending} accesses in flight in total; fields nothing reads (gen) are not "
+        "part of the explored state (a bisimulation; found with z3).",
+        f"BMC: {mcfg.blocks} blocks, {mcfg.holders} holders, block size {mcfg.block_size}, "
+        f"hashes {list(mcfg.hashes)}, no launch bound; deepened until the time budget.",
+    ]
+
+
+def _explore_child(conn: Any, cfgs: list[ExploreConfig], transitions: Any, invariants: Any
+                   ) -> None:
+    try:
+        conn.send([explore(c, transitions, invariants) for c in cfgs])
+    except BaseException as e:  # pragma: no cover - reported in the parent
+        conn.send(e)
+    finally:
+        conn.close()
+
+
+def _start_explorer(cfgs: list[ExploreConfig], transitions: Any, invariants: Any,
+                    parallel: bool) -> Callable[[], list[ExploreResult]]:
+    if parallel:
+        try:
+            ctx = mp.get_context("fork")
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_explore_child, args=(child, cfgs, transitions,
+                                                            invariants), daemon=True)
+            proc.start()
+            child.close()
+
+            def join() -> list[ExploreResult]:
+                out = parent.recv()
+                proc.join()
+                if isinstance(out, BaseException):
+                    raise out
+                return out
+
+            return join
+        except (ValueError, OSError):
+            pass
+    results = [explore(c, transitions, invariants) for c in cfgs]
+    return lambda: results
+
+
+def run_all(
+    quick: bool = False,
+    progress: Progress = None,
+    transitions: Mapping[str, Transition] = DEFAULT_TRANSITIONS,
+    invariants: Mapping[str, Invariant] = DEFAULT_INVARIANTS,
+    parallel: bool = True,
+    bounded: BoundedConfig | None = None,
+    explore_cfgs: list[ExploreConfig] | None = None,
+    bmc_cfg: BMCConfig | None = None,
+) -> ProofReport:
+    t0 = time.perf_counter()
+    say = progress or (lambda _m: None)
+    bcfg = bounded or BoundedConfig(blocks=3, holders=3)
+    if explore_cfgs is None:
+        if quick:
+            explore_cfgs = [
+                ExploreConfig(blocks=3, holders=2, block_size=1, max_pending=1, layer="pool"),
+                ExploreConfig(blocks=2, holders=2, block_size=2, max_pending=2,
+                              layer="request"),
+            ]
+        else:
+            explore_cfgs = [
+                ExploreConfig(blocks=3, holders=2, block_size=1, max_pending=2, layer="pool"),
+                ExploreConfig(blocks=3, holders=2, block_size=1, max_pending=2,
+                              layer="request"),
+            ]
+    mcfg = bmc_cfg or BMCConfig(budget_s=6.0 if quick else 20.0)
+    timings: dict[str, float] = {}
+
+    say("explorer: started (child process)")
+    join = _start_explorer(explore_cfgs, transitions, invariants, parallel)
+
+    tt = time.perf_counter()
+    sym = induction_matrix("symbolic", transitions, invariants, bcfg, progress=progress)
+    timings["induction_symbolic_s"] = round(time.perf_counter() - tt, 2)
+    tt = time.perf_counter()
+    bnd = induction_matrix("bounded", transitions, invariants, bcfg, progress=progress)
+    timings["induction_bounded_s"] = round(time.perf_counter() - tt, 2)
+    tt = time.perf_counter()
+    saf = prove_safety(transitions, invariants, bcfg, progress=progress)
+    timings["safety_s"] = round(time.perf_counter() - tt, 2)
+    tt = time.perf_counter()
+    nv = nonvacuity(transitions, invariants, bcfg, progress=progress)
+    timings["nonvacuity_s"] = round(time.perf_counter() - tt, 2)
+    tt = time.perf_counter()
+    mres = bmc(mcfg, transitions, invariants, progress=progress)
+    timings["bmc_s"] = round(time.perf_counter() - tt, 2)
+    tt = time.perf_counter()
+    exps = join()
+    timings["explorer_wait_s"] = round(time.perf_counter() - tt, 2)
+    for e in exps:
+        timings[f"explore_{e.config['layer']}_s"] = e.time_s
+        say(f"explore[{e.config['layer']}]: {e.states} states, {e.edges} edges, "
+            f"complete={e.complete}, violations={list(e.violations)}")
+
+    failures: list[str] = []
+    unsup = unsupported(invariants)
+    inv_rows: dict[str, dict[str, Any]] = {}
+    for name, inv in invariants.items():
+        row: dict[str, Any] = {"scope": inv.scope, "property": inv.property, "doc": inv.doc}
+        if inv.scope == "table":
+            row["induction"] = {}
+            row["induction_bounded"] = {}
+            row["status"] = "tested, not proved"
+            row["reason"] = ("the spec has no request-layer transitions; checked in every "
+                             "state of the explorer's request layer")
+        else:
+            row["induction"] = {o.transition: _ob(o) for o in sym if o.invariant == name}
+            row["induction_bounded"] = {o.transition: _ob(o) for o in bnd if o.invariant == name}
+            if name in unsup:
+                row["symbolic_note"] = unsup[name]
+        reach = {}
+        for e in exps:
+            if inv.scope == "table" and e.config["layer"] != "request":
+                continue
+            v = e.violations.get(name)
+            reach[e.config["layer"]] = {
+                "result": "violated" if v else ("holds" if e.complete else "incomplete"),
+                "states": e.states,
+                "trace": v.trace if v else None,
+                "text": v.text if v else None,
+            }
+        row["reachable"] = reach
+        row["bmc_depth"] = mres.depth if inv.scope != "table" else None
+        if inv.scope != "table":
+            row["status"] = _status(row)
+        elif any(r["result"] != "holds" for r in reach.values()) or not reach:
+            row["status"] = "violated" if any(r["result"] == "violated"
+                                              for r in reach.values()) else "not checked"
+        inv_rows[name] = row
+        if row["status"] not in ("proved", "tested, not proved"):
+            failures.append(f"invariant {name}: {row['status']}")
+        for mode in ("induction", "induction_bounded"):
+            for tname, ob in row[mode].items():
+                if ob["result"] != PROVED:
+                    failures.append(f"{name} / {tname} [{mode}]: {ob['result']}"
+                                    + (f"\n{ob['text']}" if ob.get("text") else ""))
+        for layer, r in reach.items():
+            if r["result"] != "holds":
+                failures.append(f"{name} [{layer} reachability]: {r['result']}"
+                                + (f"\n{r['text']}" if r.get("text") else ""))
+
+    saf_rows = {p: r.to_dict() for p, r in saf.items()}
+    for p, r in saf.items():
+        if r.result != PROVED:
+            failures += [f"safety {p}: {c.claim} / {c.transition} [{c.mode}]: {c.result}"
+                         + (f"\n{c.text}" if c.text else "")
+                         for c in r.claims if c.result != PROVED]
+
+    t_rows: dict[str, dict[str, Any]] = {}
+    for name in transitions:
+        nvs = {e.mode: e.result for e in nv.get(name, [])}
+        fired = {e.config["layer"]: e.fired.get(name, 0) for e in exps}
+        t_rows[name] = {"nonvacuity": nvs, "fired": fired,
+                        "witness": next((e.text for e in nv.get(name, []) if e.text), None)}
+        if any(v != ENABLED for v in nvs.values()):
+            failures.append(f"transition {name}: not enabled under the invariants: {nvs}")
+        if exps and not any(fired.values()):
+            failures.append(f"transition {name}: never fired in the explorer")
+
+    ex_rows = {e.config["layer"]: _exp(e) for e in exps}
+    for e in exps:
+        if not e.complete:
+            failures.append(f"explorer[{e.config['layer']}] incomplete (state cap)")
+        if "<explorer universe>" in e.violations:
+            failures.append(e.violations["<explorer universe>"].text)
+    if mres.violation:
+        failures.append(f"bmc: violation {mres.violation}")
+
+    obs = sym + bnd
+    claims = [c for r in saf.values() for c in r.claims]
+    totals = {
+        "obligations": len(obs),
+        "proved": sum(o.result == PROVED for o in obs),
+        "counterexample": sum(o.result == COUNTEREXAMPLE for o in obs),
+        "unknown": sum(o.result == UNKNOWN for o in obs),
+        "safety_claims": len(claims),
+        "safety_proved": sum(c.result == PROVED for c in claims),
+        "reachable_states": {e.config["layer"]: e.states for e in exps},
+        "edges": {e.config["layer"]: e.edges for e in exps},
+        "bmc_depth": mres.depth,
+        "time_s": round(time.perf_counter() - t0, 2),
+        **timings,
+    }
+    config = {
+        "bounded": {"blocks": bcfg.blocks, "holders": bcfg.holders,
+                    "hashes": list(bcfg.hashes)},
+        "explore": [asdict(c) for c in explore_cfgs],
+        "bmc": asdict(mcfg),
+        "invariants": len(invariants),
+        "transitions": len(transitions),
+    }
+    return ProofReport(
+        ok=not failures, quick=quick, spec_digest=spec_digest(), config=config,
+        assumptions=assumptions(bcfg, explore_cfgs, mcfg), invariants=inv_rows,
+        safety=saf_rows, transitions=t_rows, exploration=ex_rows, bmc=mres.to_dict(),
+        totals=totals, failures=failures,
+    )
+
+
+def _ob(o: Any) -> dict[str, Any]:
+    d = {"result": o.result, "time_s": o.time_s}
+    if o.detail:
+        d["detail"] = o.detail
+    if o.counterexample:
+        d["counterexample"] = o.counterexample
+        d["text"] = o.text
+    return d
+
+
+def _exp(e: ExploreResult) -> dict[str, Any]:
+    d = e.to_dict()
+    d["violations"] = {k: {"where": str(v.where), "depth": v.depth, "trace": v.trace,
+                           "text": v.text} for k, v in e.violations.items()}
+    return d
+
+
+def _status(row: dict[str, Any]) -> str:
+    results = [o["result"] for o in row["induction"].values()] + [
+        o["result"] for o in row["induction_bounded"].values()]
+    if COUNTEREXAMPLE in results:
+        return "counterexample"
+    if any(r["result"] == "violated" for r in row["reachable"].values()):
+        return "violated"
+    if UNKNOWN in results:
+        return "unknown"
+    return "proved"
+
+
+def _cell(obs: Mapping[str, Any]) -> str:
+    if not obs:
+        return "-"
+    n = len(obs)
+    p = sum(o["result"] == PROVED for o in obs.values())
+    bad = [t for t, o in obs.items() if o["result"] != PROVED]
+    return f"{p}/{n}" + (f" ({','.join(bad)})" if bad else "")
+
+
+def format_table(r: ProofReport) -> str:
+    lines = []
+    hdr = (f"{'invariant':26} {'scope':6} {'symbolic':9} {'bounded':9} {'reachable':24} "
+           f"{'bmc':4} status")
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+    for name, row in r.invariants.items():
+        reach = ",".join(f"{k}:{v['result']}" for k, v in row["reachable"].items()) or "-"
+        bmc_d = "-" if row["bmc_depth"] is None else str(row["bmc_depth"])
+        lines.append(f"{name:26} {row['scope']:6} {_cell(row['induction']):9} "
+                     f"{_cell(row['induction_bounded']):9} {reach:24} {bmc_d:4} {row['status']}")
+    lines.append("")
+    lines.append(f"{'safety property':42} {'claims':7} result")
+    for p, row in r.safety.items():
+        n = len(row["claims"])
+        ok = sum(c["result"] == PROVED for c in row["claims"])
+        lines.append(f"{p:42} {f'{ok}/{n}':7} {row['result']}")
+    lines.append("")
+    layers = list(r.exploration)
+    lines.append(f"{'transition':14} {'z3 enabled (bounded/symbolic)':30} fired "
+                 + "/".join(layers))
+    for name, row in r.transitions.items():
+        nv = "/".join(row["nonvacuity"].get(m, "-") for m in ("bounded", "symbolic"))
+        fired = "/".join(str(row["fired"].get(k, 0)) for k in layers)
+        lines.append(f"{name:14} {nv:30} {fired}")
+    lines.append("")
+    for layer, e in r.exploration.items():
+        lines.append(f"explorer[{layer}]: {e['states']} states, {e['edges']} edges, depth "
+                     f"{e['depth']}, complete={e['complete']}, {e['time_s']}s")
+    b = r.bmc
+    lines.append(f"bmc: clean to depth {b['depth']} ({b['time_s']}s; per depth "
+                 f"{b['per_depth_s']}; stop: {b['stopped'] or '-'})")
+    t = r.totals
+    lines.append(f"obligations: {t['proved']}/{t['obligations']} proved, "
+                 f"{t['counterexample']} counterexample(s), {t['unknown']} unknown; safety "
+                 f"claims {t['safety_proved']}/{t['safety_claims']}; total {t['time_s']}s")
+    lines.append("assumptions:")
+    lines += [f"  - {a}" for a in r.assumptions]
+    if r.failures:
+        lines.append("FAILURES:")
+        lines += [f"  {f}" for f in r.failures]
+    lines.append("OK" if r.ok else "NOT OK")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m pagedkv.proofs.runner")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    rep = run_all(quick=a.quick, progress=(lambda m: print(m, file=sys.stderr))
+                  if a.verbose else None)
+    print(rep.table())
+    if a.json:
+        with open(a.json, "w") as fh:
+            fh.write(rep.to_json(indent=1))
+    return 0 if rep.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
