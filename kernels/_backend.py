@@ -8,6 +8,8 @@ launch goes on torch's current stream.
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -150,3 +152,30 @@ def num_sms(x: Any) -> int:
         except Exception:  # no usable GPU: assume an H100/H200-sized count
             return 132
     return 132
+
+
+# How torch CUDA tensors reach a kernel: "dlpack" (passed straight in; numba-cuda >= 0.28) or
+# "cai" (wrapped with cuda.as_cuda_array(sync=False)). If the first is refused while preparing
+# arguments (before anything runs), the launch is retried with the second, which then sticks.
+_cuda_arg_mode = os.environ.get("PAGEDKV_CUDA_ARGS", "dlpack")
+
+
+def launch(kernel: Any, grid: Any, block: int, stream: Any, *args: Any) -> None:
+    """``kernel[grid, block, stream](*args)``, with the CUDA-tensor fallback described above."""
+    global _cuda_arg_mode
+    if _cuda_arg_mode == "dlpack" or not any(is_cuda_tensor(a) for a in args):
+        try:
+            kernel[grid, block, stream](*args)
+            return
+        except (TypeError, BufferError) as exc:
+            if not any(is_cuda_tensor(a) for a in args):
+                raise
+            warnings.warn(
+                f"passing torch CUDA tensors through __dlpack__ failed ({exc}); "
+                "using cuda.as_cuda_array instead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            _cuda_arg_mode = "cai"
+    wrapped = [cuda.as_cuda_array(a, sync=False) if is_cuda_tensor(a) else a for a in args]
+    kernel[grid, block, stream](*wrapped)

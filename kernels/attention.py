@@ -29,6 +29,7 @@ from ._backend import (
     is_float_array,
     is_torch,
     kernel_arg,
+    launch,
     num_sms,
     same_device,
     stream_for,
@@ -251,7 +252,8 @@ def _attention(
     kern = attention_kernel(d, wb, kind, group, bs, cfg, split)
     stream = stream_for(k_cache)
     grid = (len(work), hkv, n_parts)
-    kern[grid, cfg.threads(group), stream](
+    launch(
+        kern, grid, cfg.threads(group), stream,
         kernel_arg(q32),
         word_view(k_cache, wb),
         word_view(v_cache, wb),
@@ -269,9 +271,8 @@ def _attention(
     if split:
         total = n_tok * n_heads * d
         blocks = 1 if SIMULATOR else min(-(-total // _REDUCE_THREADS), 4096)
-        reduce_partitions[blocks, _REDUCE_THREADS, stream](
-            kernel_arg(part_out), kernel_arg(part_lse), kernel_arg(out32)
-        )
+        launch(reduce_partitions, blocks, _REDUCE_THREADS, stream,
+               kernel_arg(part_out), kernel_arg(part_lse), kernel_arg(out32))
     if not direct:
         if is_torch(out):
             out.copy_(out32)

@@ -14,6 +14,7 @@ from ._backend import (
     index_arg,
     is_torch,
     kv_kind,
+    launch,
     same_device,
     stream_for,
     word_view,
@@ -97,7 +98,8 @@ def write_kv(
         return
     wb = word_bytes(d, KV_KINDS[kind])
     slots = index_arg(slot_mapping, k_cache, "int64")
-    _write_kv_kernel[n, _THREADS, stream_for(k_cache)](
+    launch(
+        _write_kv_kernel, n, _THREADS, stream_for(k_cache),
         word_view(_contiguous(key), wb),
         word_view(_contiguous(value), wb),
         word_view(k_cache, wb),
@@ -134,4 +136,4 @@ def copy_blocks(k_cache: Any, v_cache: Any, pairs: Any) -> None:
     kw = word_view(k_cache, wb).reshape(nb, words)
     vw = word_view(v_cache, wb).reshape(nb, words)
     dev_pairs = index_arg(hp, k_cache, "int32")
-    _copy_blocks_kernel[hp.shape[0], _THREADS, stream_for(k_cache)](kw, vw, dev_pairs)
+    launch(_copy_blocks_kernel, hp.shape[0], _THREADS, stream_for(k_cache), kw, vw, dev_pairs)
