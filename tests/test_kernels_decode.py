@@ -10,6 +10,7 @@ from pagedkv.kernels import (
     KernelConfig,
     attention,
     choose_partition_size,
+    default_config,
     paged_attention_decode,
     paged_attention_decode_reference,
 )
@@ -151,3 +152,27 @@ def test_choose_partition_size():
     parts = -(-32_768 // size)
     assert 2 <= parts <= 32_768 // attention.MIN_PARTITION
     assert size >= attention.MIN_PARTITION
+
+
+@pytest.mark.parametrize("group", [1, 8])
+@pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
+def test_gpu_default_layouts_are_valid(monkeypatch, group, prefill):
+    from pagedkv.kernels._attention_kernels import check_config
+
+    monkeypatch.setattr(attention, "SIMULATOR", False)
+    for kind, eb in (("f16", 2), ("bf16", 2), ("f32", 4)):
+        for hd in (64, 128):
+            cfg = default_config(hd, group, kind, prefill=prefill)
+            check_config(cfg, group, hd, hd * eb // 8)
+            assert cfg.threads(group) >= 64
+            assert prefill or cfg.q_tile == 1
+
+
+@pytest.mark.parametrize("group", [1, 8])
+def test_gpu_default_layout_runs_in_the_simulator(monkeypatch, group):
+    # the layout a GPU would use for head_dim 32 (128 threads a block), on a short sequence
+    monkeypatch.setattr(attention, "SIMULATOR", False)
+    cfg = default_config(32, group, "f16", prefill=False)
+    monkeypatch.setattr(attention, "SIMULATOR", True)
+    assert cfg.threads(group) == 128
+    run_decode(F16, group, 8, 32, 1, [19, 2], config=cfg, seed=12)

@@ -93,3 +93,14 @@ def test_prefill_equals_decode_for_single_queries():
         config=cfg,
     )
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("group", [1, 8])
+def test_gpu_default_layout_runs_in_the_simulator(monkeypatch, group):
+    from pagedkv.kernels import attention, default_config
+
+    monkeypatch.setattr(attention, "SIMULATOR", False)
+    cfg = default_config(32, group, "bf16", prefill=True)
+    monkeypatch.setattr(attention, "SIMULATOR", True)
+    assert cfg.q_tile * group >= 8
+    run_prefill(BF16, group, 8, 32, 1, [21, 5], [18, 5], config=cfg, seed=13)
