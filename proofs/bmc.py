@@ -20,7 +20,7 @@ from typing import Any
 import z3
 
 from pagedkv.spec.invariants import Invariant
-from pagedkv.spec.model import ARRAY_FIELDS, PoolState
+from pagedkv.spec.model import ARRAY_FIELDS, PoolState, initial_state
 from pagedkv.spec.ops import Z3Ops
 from pagedkv.spec.states import ALL_STATES, FREE, NO_HASH
 from pagedkv.spec.transitions import Transition
@@ -86,23 +86,71 @@ def _sort(f: str) -> Any:
     return z3.BoolSort() if isinstance(d, bool) else z3.IntSort()
 
 
+class SArr:
+    """A finite array as a dict of z3 terms (keys: the configured universe) plus a default.
+
+    Reads and stores at symbolic indices become if-then-else terms over the universe, so BMC
+    queries contain no array theory. A store at a symbolic index outside the universe is
+    dropped; that can only happen from a state that already violates ``state_in_range`` or
+    carries a hash outside the configured ones, and such a state is reported first (every
+    state on a path at depth < d has been checked).
+    """
+
+    __slots__ = ("default", "data")
+
+    def __init__(self, default: Any, data: dict[Any, Any]) -> None:
+        self.default = default
+        self.data = data
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, int) or z3.is_int_value(k):
+            return self.data.get(k if isinstance(k, int) else k.as_long(), self.default)
+        out = self.default
+        for u, v in self.data.items():
+            out = _ite(k == u, v, out)
+        return out
+
+
+def _ite(c: Any, a: Any, b: Any) -> Any:
+    if isinstance(a, SArr) or isinstance(b, SArr):
+        keys = set(a.data) | set(b.data)
+        return SArr(a.default, {u: _ite(c, a[u], b[u]) for u in keys})
+    return z3.If(c, a, b)
+
+
+class ScalarOps(Z3Ops):
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = self._store
+
+    @staticmethod
+    def _store(arr: SArr, k: Any, v: Any) -> SArr:
+        if isinstance(k, int) or z3.is_int_value(k):
+            d = dict(arr.data)
+            d[k if isinstance(k, int) else k.as_long()] = v
+            return SArr(arr.default, d)
+        return SArr(arr.default, {u: _ite(k == u, v, old) for u, old in arr.data.items()})
+
+
+def _z3_default(d: Any) -> Any:
+    if isinstance(d, _Arr):
+        return SArr(_z3_default(d.default), {})
+    return z3.BoolVal(d) if isinstance(d, bool) else z3.IntVal(d)
+
+
 def _explicit(vals: Mapping[tuple[str, Any, Any], Any], cfg: BMCConfig) -> PoolState:
-    arrays: dict[str, Any] = {}
+    arrays: dict[str, SArr] = {}
     for f in ARRAY_FIELDS:
-        arrays[f] = _z3_value(_Arr(FIELD_DEFAULT[f]))
-    inner: dict[tuple[str, Any], Any] = {}
+        arrays[f] = SArr(_z3_default(FIELD_DEFAULT[f]), {})
     for (f, k, b), v in vals.items():
         if b is None:
-            arrays[f] = z3.Store(arrays[f], k, v)
+            arrays[f].data[k] = v
         else:
-            base = inner.get((f, k), _z3_value(FIELD_DEFAULT[f]))
-            inner[(f, k)] = z3.Store(base, b, v)
-    for (f, k), arr in inner.items():
-        arrays[f] = z3.Store(arrays[f], k, arr)
+            inner = arrays[f].data.setdefault(k, SArr(_z3_default(FIELD_DEFAULT[f].default), {}))
+            inner.data[b] = v
     return PoolState(
         **arrays, block_size=z3.IntVal(cfg.block_size), num_blocks=z3.IntVal(cfg.blocks),
-        block_ids=tuple(z3.IntVal(b) for b in range(cfg.blocks)),
-        holder_ids=tuple(z3.IntVal(r) for r in range(cfg.holders)),
+        block_ids=tuple(range(cfg.blocks)), holder_ids=tuple(range(cfg.holders)),
     )
 
 
@@ -112,7 +160,11 @@ def _read(s: PoolState, f: str, k: Any, b: Any) -> Any:
 
 
 def _simp(e: Any) -> Any:
-    return z3.simplify(e, expand_select_store=True)
+    if isinstance(e, bool):
+        return z3.BoolVal(e)
+    if isinstance(e, int):
+        return z3.IntVal(e)
+    return z3.simplify(e)
 
 
 def _moves(transitions: Mapping[str, Transition], cfg: BMCConfig
@@ -134,12 +186,12 @@ def bmc(
     step picks one concrete move (transition + parameter values), so every array read and
     store simplifies away and the queries are pure linear integer / boolean ones."""
     t0 = time.perf_counter()
-    ops = Z3Ops()
+    ops = ScalarOps()
     invs = proof_invariants(invariants)
     pts = _points(cfg)
     moves = _moves(transitions, cfg)
-    init = initial_z3(cfg)
-    vals = {pt: _simp(_read(init, *pt)) for pt in pts}
+    init = initial_state(cfg.blocks, cfg.block_size, range(cfg.holders))
+    vals = {pt: _simp(_z3_value(_read(init, *pt))) for pt in pts}
     s = _explicit(vals, cfg)
     sol = z3.Solver()
     steps: list[Any] = []

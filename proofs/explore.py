@@ -334,7 +334,8 @@ def describe(s: PoolState, tables: Tables | None = None) -> str:
         lines.append(f"    holder {r}: alive={bool(s.alive[r])} nheld={s.nheld[r]} "
                      f"holds={held}{tab}")
     hm = {h: b for h, b in flatten(s.hmap).items() if b != NO_BLOCK}
-    lines.append(f"    hmap={hm} count={dict(flatten(s.count).items())}")
+    counts = {state_name(k): v for k, v in flatten(s.count).items()}
+    lines.append(f"    hmap={hm} count={counts}")
     return "\n".join(lines)
 
 
