@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from pagedkv.spec import (
     CACHED,
     CONCRETE,
@@ -48,7 +49,6 @@ from .table import blocks_needed, check_count, slot_mapping, writes_per_block
 class _Request:
     rid: Hashable
     tokens: list[int]
-    prompt_len: int
     salt: str | bytes | None
     extra_keys: tuple[Any, ...]
     hashes: list[int] = field(default_factory=list)  # chain hash of each full block so far
@@ -129,7 +129,7 @@ class BlockAllocator:
         extra = tuple(extra_keys)
         for key in extra:
             encode_extra_key(key)
-        req = _Request(rid, tokens, len(tokens), cache_salt, extra)
+        req = _Request(rid, tokens, cache_salt, extra)
         self._extend_hashes(req)
         self.pool.open_holder(rid)
         self._requests[rid] = req
@@ -149,7 +149,7 @@ class BlockAllocator:
         """Cached blocks for the request's leading full prompt blocks (spec: share-able)."""
         if not self.prefix_caching:
             return []
-        max_tokens = req.prompt_len - 1
+        max_tokens = len(req.tokens) - 1  # the last known token must be computed for logits
         if limit_tokens is not None:
             max_tokens = min(max_tokens, limit_tokens)
         out: list[int] = []
@@ -278,7 +278,7 @@ class BlockAllocator:
             if not f:
                 pool.share(b, child)
         c = _Request(
-            child, list(p.tokens), p.prompt_len, p.salt, p.extra_keys, list(p.hashes),
+            child, list(p.tokens), p.salt, p.extra_keys, list(p.hashes),
             table, p.reserved, p.issued, p.computed, p.committed_blocks, p.started,
         )
         self._requests[child] = c

@@ -1,0 +1,577 @@
+"""The refinement test: BlockAllocator driven by hypothesis, the spec as the model.
+
+Every allocator call records the spec transitions it performs (``pool.trace``); the machine
+replays them on its own spec model, so each transition's guard must hold in the model and the
+model's post-state must equal ``allocator.abstract()``. Refused calls must record nothing and
+change nothing. All invariants are checked after every step. Misuse rules call the block-level
+pool directly with arguments that break a guard and expect the typed error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import event, note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pagedkv.allocator import (
+    AllocatorError,
+    BlockAllocator,
+    CommitError,
+    DoubleFree,
+    DuplicateRequest,
+    InvalidArgument,
+    OutOfBlocks,
+    PendingAccess,
+    PublishError,
+    UnknownRequest,
+)
+from pagedkv.allocator.hashing import chain_hashes
+from pagedkv.allocator.table import blocks_needed
+from pagedkv.spec import (
+    ALLOCATED,
+    CACHED,
+    FREE,
+    PUBLISHED,
+    RECLAIMED,
+    REFERENCED,
+    initial_state,
+    states_equal,
+    step,
+    violations,
+)
+
+RIDS = ("r0", "r1", "r2", "r3", "r4")
+SHARED_PREFIX = list(range(100, 132))
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: ``query()`` turns True when the test says so."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+@dataclass
+class Expect:
+    """What the machine knows of a live request, independent of the allocator."""
+
+    tokens: list[int]
+    salt: str | None
+    reserved: int = 0
+    issued: int = 0
+    computed: int = 0
+    started: bool = False
+    table_len: int = 0
+    launches: list[Any] = field(default_factory=list)
+
+
+class AllocatorMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.alloc: BlockAllocator | None = None
+
+    # ---- set-up -------------------------------------------------------------------------------
+    @initialize(
+        num_blocks=st.integers(4, 12),
+        block_size=st.sampled_from([1, 2, 4]),
+        prefix_caching=st.booleans(),
+        checked=st.sampled_from([True, True, False]),
+    )
+    def setup(self, num_blocks: int, block_size: int, prefix_caching: bool, checked: bool):
+        self.alloc = BlockAllocator(
+            num_blocks, block_size, prefix_caching=prefix_caching, checked=checked
+        )
+        self.alloc.pool.trace = []
+        self.B = block_size
+        self.model = initial_state(num_blocks, block_size)
+        self.expect: dict[str, Expect] = {}
+        self.launches: list[Any] = []
+        self.events: dict[int, FakeEvent] = {}
+        initial = self.alloc.abstract()
+        assert states_equal(initial.pool, self.model) == [], "initial state differs from spec"
+        assert violations(initial.pool, initial.tables) == []
+
+    # ---- the refinement check -----------------------------------------------------------------
+    def _replay(self) -> None:
+        trace = self.alloc.pool.trace
+        for name, params in trace:
+            if name == "open_holder":
+                self.model = self.model.replace(
+                    holder_ids=tuple(self.model.holder_ids) + (params["r"],)
+                )
+            post = step(self.model, name, **params)
+            assert post is not None, f"{name}{params}: the spec's guard does not hold"
+            self.model = post
+            if name == "close_holder":
+                self.model = self.model.replace(
+                    holder_ids=tuple(r for r in self.model.holder_ids if r != params["r"])
+                )
+        trace.clear()
+        diffs = states_equal(self.model, self.alloc.abstract().pool)
+        assert not diffs, f"implementation and spec disagree: {diffs[:5]}"
+
+    def _refused(self, call, error: type[BaseException] = AllocatorError) -> BaseException:
+        """The call must raise ``error`` and change nothing."""
+        before = self.alloc.abstract()
+        try:
+            call()
+        except error as exc:
+            assert self.alloc.pool.trace == [], f"refused call performed {self.alloc.pool.trace}"
+            after = self.alloc.abstract()
+            assert states_equal(before.pool, after.pool) == [], "refused call changed the pool"
+            assert before.tables == after.tables, "refused call changed a table"
+            return exc
+        raise AssertionError(f"expected {error.__name__}")
+
+    def _usable(self) -> int:
+        m = self.model
+        cached_idle = sum(
+            1 for b in m.block_ids if m.state[b] == CACHED and m.pending[b] == 0
+        )
+        return m.count[FREE] + cached_idle
+
+    def _hits(self, e: Expect, num_tokens: int) -> list[int]:
+        if not self.alloc.prefix_caching:
+            return []
+        limit = min(len(e.tokens) - 1, num_tokens)
+        hashes = chain_hashes(e.tokens[: max(0, limit)], self.B, salt=e.salt)
+        out = []
+        for h in hashes:
+            b = self.model.hmap[h]
+            if b < 0:
+                break
+            out.append(b)
+        return out
+
+    # ---- request rules ------------------------------------------------------------------------
+    @precondition(lambda self: self.alloc is not None)
+    @rule(
+        rid=st.sampled_from(RIDS),
+        shared=st.integers(0, 9),
+        tail=st.lists(st.integers(0, 3), max_size=3),
+        salt=st.sampled_from([None, None, "tenant-a"]),
+    )
+    def add_request(self, rid: str, shared: int, tail: list[int], salt: str | None):
+        tokens = SHARED_PREFIX[:shared] + tail or [0]
+        if rid in self.expect:
+            self._refused(lambda: self.alloc.add_request(rid, tokens), DuplicateRequest)
+            event("add_request: duplicate refused")
+            return
+        e = Expect(tokens, salt)
+        cached = self.alloc.add_request(rid, tokens, cache_salt=salt)
+        assert cached == len(self._hits(e, len(tokens))) * self.B
+        assert cached < len(tokens)
+        event("add_request: ok" + (" with cached prefix" if cached else ""))
+        self.expect[rid] = e
+        self._replay()
+
+    @precondition(lambda self: self.alloc is not None and self.expect)
+    @rule(data=st.data())
+    def allocate(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.expect)))
+        e = self.expect[rid]
+        n = e.reserved + data.draw(st.integers(0, 3 * self.B))
+        before = self.alloc.block_table(rid)
+        hits = [] if e.started else self._hits(e, n)
+        need = blocks_needed(n, self.B) - e.table_len - len(hits)
+        revived = sum(
+            1 for b in hits if self.model.state[b] == CACHED and self.model.pending[b] == 0
+        )
+        inflight_recorded = any(ev.done for ev in self.events.values())
+        if need > self._usable() - revived and not inflight_recorded:
+            self._refused(lambda: self.alloc.allocate(rid, n), OutOfBlocks)
+            event("allocate: OutOfBlocks")
+            return
+        try:
+            table = self.alloc.allocate(rid, n)
+        except OutOfBlocks:
+            assert inflight_recorded, "allocation refused although the spec had room"
+            self._replay()
+            return
+        self._replay()
+        self._sync_launches()
+        assert table[: len(before)] == before, "growth must only append"
+        assert len(table) == blocks_needed(n, self.B)
+        assert table[len(before) : len(before) + len(hits)] == hits
+        if not e.started:
+            e.started = True
+            e.computed = e.issued = len(hits) * self.B
+        e.reserved, e.table_len = n, len(table)
+        assert self.alloc.num_computed(rid) == e.computed
+        event("allocate: ok" + (" with prefix hits" if hits else ""))
+
+    @precondition(lambda self: any(e.reserved > 0 for e in self.expect.values()))
+    @rule(data=st.data())
+    def shrink_refused(self, data):
+        rid = data.draw(st.sampled_from(sorted(r for r, e in self.expect.items() if e.reserved)))
+        e = self.expect[rid]
+        self._refused(lambda: self.alloc.allocate(rid, e.reserved - 1), InvalidArgument)
+
+    @precondition(lambda self: self.alloc is not None and self.expect)
+    @rule(data=st.data(), extra=st.lists(st.integers(0, 3), min_size=1, max_size=4))
+    def append_tokens(self, data, extra):
+        rid = data.draw(st.sampled_from(sorted(self.expect)))
+        self.alloc.append_tokens(rid, extra)
+        self.expect[rid].tokens += extra
+        self._replay()
+
+    @precondition(lambda self: self.alloc is not None and self.expect)
+    @rule(data=st.data())
+    def publish(self, data):
+        rids = data.draw(
+            st.lists(st.sampled_from(sorted(self.expect)), min_size=1, max_size=3, unique=True)
+        )
+        if any(self.expect[r].reserved == 0 for r in rids):
+            self._refused(lambda: self.alloc.publish(rids), InvalidArgument)
+            event("publish: refused (nothing allocated)")
+            return
+        try:
+            launch = self.alloc.publish(rids)
+        except OutOfBlocks:
+            self._replay()
+            return
+        self._replay()
+        self._sync_launches()
+        for k, r in enumerate(rids):
+            e = self.expect[r]
+            assert launch.seq_lens[k] == e.reserved
+            assert launch.query_lens[k] == e.reserved - e.issued
+            e.issued = e.reserved
+            e.launches.append(launch)
+        assert len(launch.slot_mapping) == int(launch.query_lens.sum())
+        assert (launch.slot_mapping >= 0).all()
+        assert len(set(launch.slot_mapping.tolist())) == len(launch.slot_mapping)
+        launch.check_current()
+        self.launches.append(launch)
+        event("publish: ok" + (" with copy-on-write" if len(launch.copies) else ""))
+
+    def _sync_launches(self) -> None:
+        """Launches the allocator completed itself (through recorded events at reclaim)."""
+        self.launches = [launch for launch in self.launches if not launch.completed]
+
+    @precondition(lambda self: self.alloc is not None and self.launches)
+    @rule(data=st.data(), late=st.booleans())
+    def complete_launch(self, data, late: bool):
+        launch = data.draw(st.sampled_from(self.launches))
+        if late:  # record an event that turns done later; reclaim() completes it
+            ev = FakeEvent()
+            launch.record(ev)
+            self.events[id(launch)] = ev
+            self.alloc.reclaim()
+            assert not launch.completed
+            self._replay()
+            event("complete_launch: event recorded (late)")
+            return
+        pending_before = len(self._reclaimed_pending())
+        launch.complete()
+        self.launches.remove(launch)
+        self._replay()
+        if len(self._reclaimed_pending()) < pending_before:
+            event("complete_launch: recycled after late completion")
+        self._refused(launch.complete, AllocatorError)
+        event("complete_launch: now")
+
+    @precondition(lambda self: self.alloc is not None and self.events)
+    @rule(data=st.data())
+    def event_fires(self, data):
+        key = data.draw(st.sampled_from(sorted(self.events)))
+        self.events.pop(key).done = True
+        freed = self.alloc.reclaim()
+        assert freed >= 0
+        event("event_fires: " + ("recycled after late completion" if freed else "no recycle"))
+        self._replay()
+        self._sync_launches()
+
+    @precondition(lambda self: self.alloc is not None and self.expect)
+    @rule(data=st.data())
+    def commit(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.expect)))
+        e = self.expect[rid]
+        n = data.draw(st.integers(max(0, e.computed - 1), e.reserved + 1))
+        if not self._commit_ok(rid, e, n):
+            self._refused(lambda: self.alloc.commit(rid, n), CommitError)
+            event("commit: refused")
+            return
+        cached_before = self.model.count[REFERENCED]
+        self.alloc.commit(rid, n)
+        e.computed = n
+        self._replay()
+        grew = self.model.count[REFERENCED] > cached_before
+        event("commit: ok" + (" (blocks entered the cache)" if grew else ""))
+
+    def _commit_ok(self, rid: str, e: Expect, n: int) -> bool:
+        if n < e.computed or n > e.issued:
+            return False
+        m, table = self.model, self.alloc.block_table(rid)
+        for i in range(e.computed // self.B, blocks_needed(n, self.B)):
+            b = table[i]
+            upto = min(self.B, n - i * self.B)
+            if m.state[b] != REFERENCED and not (m.filled[b] >= upto and m.wpend[b] == 0):
+                return False
+        full = n // self.B
+        already = max(e.computed // self.B, 0)
+        if self.alloc.prefix_caching and full > already and full * self.B > len(e.tokens):
+            return False
+        return True
+
+    @precondition(lambda self: self.alloc is not None and 0 < len(self.expect) < len(RIDS))
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(sorted(self.expect)))
+        child = data.draw(st.sampled_from([r for r in RIDS if r not in self.expect]))
+        self.fork_child(parent, child)
+
+    def fork_child(self, parent: str, child: str) -> None:
+        try:
+            table = self.alloc.fork(parent, child)
+        except AllocatorError:
+            self.alloc.pool.trace.clear()  # open/close of the child cancel out
+            self._replay()
+            assert child not in self.alloc.requests
+            event("fork: refused")
+            return
+        self._replay()
+        p = self.expect[parent]
+        self.expect[child] = Expect(
+            list(p.tokens), p.salt, p.reserved, p.issued, p.computed, p.started, len(table)
+        )
+        event("fork: ok")
+
+    @precondition(lambda self: self.alloc is not None and self.expect)
+    @rule(data=st.data(), readmit=st.booleans())
+    def free(self, data, readmit: bool):
+        """Finish a request, or preempt it (free + re-add, which re-hits the cached prefix)."""
+        rid = data.draw(st.sampled_from(sorted(self.expect)))
+        e = self.expect.pop(rid)
+        self.alloc.free(rid)
+        self._replay()
+        self._refused(lambda: self.alloc.free(rid), UnknownRequest)
+        if readmit:
+            e2 = Expect(list(e.tokens), e.salt)
+            cached = self.alloc.add_request(rid, e.tokens, cache_salt=e.salt)
+            assert cached == len(self._hits(e2, len(e.tokens))) * self.B
+            self.expect[rid] = e2
+            self._replay()
+            event("free: preempted" + (", prefix re-hit" if cached else ""))
+        else:
+            event("free: finished")
+
+    @precondition(lambda self: self.alloc is not None and self.expect)
+    @rule(data=st.data(), finish=st.sampled_from(["complete", "complete", "in flight"]))
+    def serve_step(self, data, finish: str):
+        """One engine step for a request: cover its known tokens, launch, and usually complete,
+        commit and sample a token. Steers toward commits, cache hits and copy-on-write."""
+        rid = data.draw(st.sampled_from(sorted(self.expect)))
+        e = self.expect[rid]
+        target = max(e.reserved, len(e.tokens))
+        if target > e.reserved:
+            hits = [] if e.started else self._hits(e, target)
+            need = blocks_needed(target, self.B) - e.table_len - len(hits)
+            revived = sum(1 for b in hits if self.model.state[b] == CACHED
+                          and self.model.pending[b] == 0)
+            if need > self._usable() - revived:
+                event("serve_step: no room")
+                return
+            self.allocate_exact(rid, target)
+        try:
+            launch = self.alloc.publish([rid])
+        except OutOfBlocks:
+            self._replay()
+            event("serve_step: no room for copy-on-write")
+            return
+        self._replay()
+        if len(launch.copies):
+            event("serve_step: copy-on-write")
+        e.issued = e.reserved
+        if finish == "in flight":
+            self.launches.append(launch)
+            event("serve_step: left in flight")
+            return
+        launch.complete()
+        self._replay()
+        cached_before = self.model.count[REFERENCED]
+        if self._commit_ok(rid, e, e.issued):
+            self.alloc.commit(rid, e.issued)
+            e.computed = e.issued
+            self._replay()
+        token = data.draw(st.integers(0, 3))
+        self.alloc.append_tokens(rid, [token])
+        e.tokens.append(token)
+        event("serve_step: served" + (
+            ", blocks entered the cache" if self.model.count[REFERENCED] > cached_before else ""))
+
+    def allocate_exact(self, rid: str, n: int) -> None:
+        e = self.expect[rid]
+        hits = [] if e.started else self._hits(e, n)
+        table = self.alloc.allocate(rid, n)
+        self._replay()
+        assert len(table) == blocks_needed(n, self.B)
+        if not e.started:
+            e.started = True
+            e.computed = e.issued = len(hits) * self.B
+            if hits:
+                event("serve_step: prefix hits taken")
+        e.reserved, e.table_len = n, len(table)
+
+    def _cow_candidates(self) -> list[str]:
+        return [r for r, e in self.expect.items()
+                if e.issued % self.B and e.issued == e.reserved == e.computed]
+
+    @precondition(lambda self: len(self.expect) < len(RIDS) and self._cow_candidates())
+    @rule(data=st.data(), token=st.integers(0, 3))
+    def fork_then_write(self, data, token: int):
+        """Fork a request whose last block is partial, then write the child's next token: the
+        shared partial block must be copied (copy-on-write), never written in place."""
+        parent = data.draw(st.sampled_from(sorted(self._cow_candidates())))
+        child = data.draw(st.sampled_from([r for r in RIDS if r not in self.expect]))
+        self.fork_child(parent, child)
+        if child not in self.expect:
+            return
+        e = self.expect[child]
+        shared_block = self.alloc.block_table(child)[e.issued // self.B]
+        self.alloc.append_tokens(child, [token])
+        e.tokens.append(token)
+        if self._usable() < 1:
+            event("fork_then_write: no room")
+            return
+        self.allocate_exact(child, e.reserved + 1)
+        try:
+            launch = self.alloc.publish([child])
+        except OutOfBlocks:
+            self._replay()
+            event("fork_then_write: no room for the copy")
+            return
+        self._replay()
+        e.issued = e.reserved
+        assert launch.copies.tolist() == [[shared_block, self.alloc.block_table(child)[
+            (e.reserved - 1) // self.B]]], "a shared partial block was not copied"
+        assert self.model.ref[shared_block] >= 1
+        self.launches.append(launch)
+        event("fork_then_write: copy-on-write")
+
+    @precondition(lambda self: any(not launch.completed for launch in self.launches))
+    @rule(data=st.data())
+    def free_while_in_flight(self, data):
+        """Finish a request whose launch is still running: its blocks must wait to recycle."""
+        live = [r for launch in self.launches if not launch.completed for r in launch.rids
+                if r in self.expect]
+        if not live:
+            return
+        rid = data.draw(st.sampled_from(sorted(set(live))))
+        self.expect.pop(rid)
+        self.alloc.free(rid)
+        self._replay()
+        pending = len(self._reclaimed_pending())
+        event("free_while_in_flight" + (": blocks wait for the launch" if pending else ""))
+
+    @precondition(lambda self: self.alloc is not None)
+    @rule(rid=st.sampled_from(RIDS), n=st.sampled_from([-1, 1.5, True]))
+    def bad_arguments(self, rid, n):
+        if rid in self.expect:
+            self._refused(lambda: self.alloc.allocate(rid, n), InvalidArgument)
+            self._refused(lambda: self.alloc.commit(rid, n), InvalidArgument)
+        else:
+            self._refused(lambda: self.alloc.allocate(rid, 1), UnknownRequest)
+            self._refused(lambda: self.alloc.publish([rid]), UnknownRequest)
+        event("bad_arguments refused")
+
+    # ---- block-level rules: legal pool operations and misuse -----------------------------------
+    @precondition(lambda self: self.alloc is not None)
+    @rule(data=st.data())
+    def evict_or_recycle(self, data):
+        """Direct pool calls that keep request tables intact: succeed exactly when the
+        spec's guard holds."""
+        b = data.draw(st.integers(0, self.alloc.num_blocks - 1))
+        name = data.draw(st.sampled_from(["evict", "recycle"]))
+        call = getattr(self.alloc.pool, name)
+        if step(self.model, name, b=b) is None:
+            self._refused(lambda: call(b), AllocatorError)
+            event(f"pool.{name}: refused")
+        else:
+            call(b)
+            self._replay()
+            event(f"pool.{name}: ok")
+
+    def _reclaimed_pending(self) -> list[int]:
+        m = self.model
+        return [b for b in m.block_ids if m.state[b] == RECLAIMED and m.pending[b] > 0]
+
+    def _draw_unheld(self, data) -> tuple[str, int]:
+        """A (holder, block) pair where the holder (maybe an unknown one) lacks the block."""
+        r = data.draw(st.sampled_from(sorted(self.expect) + ["ghost"]))
+        held = set(self.alloc.block_table(r)) if r in self.expect else set()
+        choices = [b for b in range(self.alloc.num_blocks) if b not in held]
+        if not choices:
+            r, choices = "ghost", list(range(self.alloc.num_blocks))
+        return r, data.draw(st.sampled_from(choices))
+
+    @precondition(lambda self: self.alloc is not None)
+    @rule(data=st.data())
+    def double_free(self, data):
+        """Release a block the holder does not hold: DoubleFree, nothing changes."""
+        r, b = self._draw_unheld(data)
+        self._refused(lambda: self.alloc.pool.release(b, r), DoubleFree)
+        event(f"double_free refused ({'freed' if self.model.ref[b] == 0 else 'held by another'})")
+
+    @precondition(lambda self: self.alloc is not None and self._reclaimed_pending())
+    @rule(data=st.data())
+    def recycle_while_pending(self, data):
+        b = data.draw(st.sampled_from(self._reclaimed_pending()))
+        self._refused(lambda: self.alloc.pool.recycle(b), PendingAccess)
+        event("recycle_while_pending refused")
+
+    @precondition(lambda self: self.alloc is not None)
+    @rule(data=st.data())
+    def publish_unowned(self, data):
+        """Hand a kernel a block the request does not hold (maybe not even initialized)."""
+        r, b = self._draw_unheld(data)
+        if data.draw(st.booleans()):
+            self._refused(lambda: self.alloc.pool.publish(b, r), PublishError)
+        else:
+            self._refused(lambda: self.alloc.pool.begin_access(b, r, 0), PublishError)
+        event("publish_unowned refused")
+
+    @precondition(
+        lambda self: self.expect and any(self.model.state[b] != FREE for b in self.model.block_ids)
+    )
+    @rule(data=st.data())
+    def allocate_taken_block(self, data):
+        taken = [b for b in self.model.block_ids if self.model.state[b] != FREE]
+        b = data.draw(st.sampled_from(taken))
+        r = data.draw(st.sampled_from(sorted(self.expect)))
+        self._refused(lambda: self.alloc.pool.allocate(b, r), AllocatorError)
+        event("allocate_taken_block refused")
+
+    # ---- invariants ---------------------------------------------------------------------------
+    @invariant()
+    def all_invariants_hold(self):
+        if self.alloc is None:
+            return
+        self.alloc.check_invariants()
+        a = self.alloc.abstract()
+        assert {t.holder for t in a.tables} == set(self.expect)
+        for t in a.tables:
+            e = self.expect[t.holder]
+            assert (t.reserved, t.computed) == (e.reserved, e.computed), t.holder
+            assert len(t.entries) == e.table_len
+        counts = self.alloc.stats()
+        m = self.model
+        assert counts["free"] == m.count[FREE]
+        assert counts["in_use"] == m.count[ALLOCATED] + m.count[PUBLISHED] + m.count[REFERENCED]
+        note(f"counts={counts}")
+
+    def teardown(self):
+        if self.alloc is not None:
+            for launch in list(self.launches):
+                if not launch.completed:
+                    launch.complete()
+            self.alloc.check_invariants()
+
+
+TestAllocatorMachine = AllocatorMachine.TestCase
