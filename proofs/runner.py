@@ -70,8 +70,8 @@ def assumptions(bcfg: BoundedConfig, ecfgs: list[ExploreConfig], mcfg: BMCConfig
         "(begin_access / end_access); a launch may complete at any later step.",
         "No hash collisions: distinct chain values (salt, tokens) are distinct integers; "
         "NO_HASH = 0 is no hash.",
-        "Transition parameters name blocks of the pool (0 <= b < num_blocks): the spec's "
-        "guards do not check this, the allocator's API must.",
+        "Holder ids are arbitrary integers; block ids are range-checked by every guard "
+        "that takes a block (0 <= b < num_blocks).",
         "Symbolic (unbounded) proofs: pool size, block size and every array are symbolic; a "
         "pool-wide sum (conservation, ref = #holders, nheld = #held) is split into the "
         "transition's own block/holder plus a symbolic rest, bounded by 0 <= rest <= n - 1 "

@@ -59,6 +59,11 @@ def _hold(ops: Any, s: PoolState, r: Any, b: Any, held: Any) -> dict[str, Any]:
     }
 
 
+def _in_pool(s: PoolState, b: Any) -> list[Any]:
+    """Block ids name blocks of this pool (out-of-range ids must not default to FREE)."""
+    return [b >= 0, b < s.num_blocks]
+
+
 def _held_state(ops: Any, st: Any) -> Any:
     return ops.Or(st == ALLOCATED, st == PUBLISHED, st == REFERENCED)
 
@@ -66,7 +71,8 @@ def _held_state(ops: Any, st: Any) -> Any:
 # --- allocate: FREE -> ALLOCATED -------------------------------------------------------------
 def _allocate_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
     return ops.And(
-        s.state[b] == FREE, s.pending[b] == 0, s.alive[r], ops.Not(s.holds[r][b])
+        *_in_pool(s, b), s.state[b] == FREE, s.pending[b] == 0, s.alive[r],
+        ops.Not(s.holds[r][b]),
     )
 
 
@@ -83,7 +89,9 @@ def _allocate_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
 
 # --- publish: ALLOCATED -> PUBLISHED ---------------------------------------------------------
 def _publish_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
-    return ops.And(s.state[b] == ALLOCATED, s.init[b], s.alive[r], s.holds[r][b])
+    return ops.And(
+        *_in_pool(s, b), s.state[b] == ALLOCATED, s.init[b], s.alive[r], s.holds[r][b]
+    )
 
 
 def _publish_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
@@ -94,6 +102,7 @@ def _publish_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
 def _begin_access_guard(ops: Any, s: PoolState, b: Any, r: Any, w: Any) -> Any:
     st = s.state[b]
     return ops.And(
+        *_in_pool(s, b),
         s.alive[r],
         s.holds[r][b],
         s.init[b],
@@ -118,6 +127,7 @@ def _begin_access_effect(ops: Any, s: PoolState, b: Any, r: Any, w: Any) -> Pool
 def _end_access_guard(ops: Any, s: PoolState, b: Any, writes: Any) -> Any:
     # A reading access can complete only while one is pending: writers are counted apart.
     return ops.And(
+        *_in_pool(s, b),
         s.pending[b] > 0, ops.If(writes, s.wpend[b] > 0, s.wpend[b] < s.pending[b])
     )
 
@@ -132,6 +142,7 @@ def _end_access_effect(ops: Any, s: PoolState, b: Any, writes: Any) -> PoolState
 # --- commit: PUBLISHED -> REFERENCED, registered under hash h --------------------------------
 def _commit_guard(ops: Any, s: PoolState, b: Any, r: Any, h: Any) -> Any:
     return ops.And(
+        *_in_pool(s, b),
         s.state[b] == PUBLISHED,
         s.holds[r][b],
         s.filled[b] == s.block_size,
@@ -153,6 +164,7 @@ def _commit_effect(ops: Any, s: PoolState, b: Any, r: Any, h: Any) -> PoolState:
 def _share_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
     st = s.state[b]
     return ops.And(
+        *_in_pool(s, b),
         ops.Or(st == PUBLISHED, st == REFERENCED, st == CACHED),
         s.wpend[b] == 0,
         s.alive[r],
@@ -172,7 +184,7 @@ def _share_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
 
 # --- release: ref - 1; at 0 REFERENCED -> CACHED, ALLOCATED/PUBLISHED -> RECLAIMED -----------
 def _release_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
-    return ops.And(s.ref[b] > 0, s.holds[r][b], _held_state(ops, s.state[b]))
+    return ops.And(*_in_pool(s, b), s.ref[b] > 0, s.holds[r][b], _held_state(ops, s.state[b]))
 
 
 def _release_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
@@ -193,7 +205,7 @@ def _release_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
 
 # --- evict: ZERO-REF CACHED -> RECLAIMED -----------------------------------------------------
 def _evict_guard(ops: Any, s: PoolState, b: Any) -> Any:
-    return s.state[b] == CACHED
+    return ops.And(*_in_pool(s, b), s.state[b] == CACHED)
 
 
 def _evict_effect(ops: Any, s: PoolState, b: Any) -> PoolState:
@@ -210,7 +222,9 @@ def _evict_effect(ops: Any, s: PoolState, b: Any) -> PoolState:
 
 # --- recycle: RECLAIMED -> FREE once nothing that saw it is pending --------------------------
 def _recycle_guard(ops: Any, s: PoolState, b: Any) -> Any:
-    return ops.And(s.state[b] == RECLAIMED, s.pending[b] == 0)
+    return ops.And(
+        *_in_pool(s, b),
+        s.state[b] == RECLAIMED, s.pending[b] == 0)
 
 
 def _recycle_effect(ops: Any, s: PoolState, b: Any) -> PoolState:
