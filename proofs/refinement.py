@@ -9,6 +9,8 @@ pool directly with arguments that break a guard and expect the typed error.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +46,16 @@ from pagedkv.spec import (
 )
 
 RIDS = ("r0", "r1", "r2", "r3", "r4")
+
+# Campaign statistics, read by ``pagedkv verify``: "rule: outcome" labels and the step count.
+CAMPAIGN: Counter[str] = Counter()
+STEPS = "__steps__"
+step_hook: Callable[[], None] | None = None
+
+
+def _event(label: str) -> None:
+    event(label)
+    CAMPAIGN[label] += 1
 SHARED_PREFIX = list(range(100, 132))
 
 
@@ -161,13 +173,13 @@ class AllocatorMachine(RuleBasedStateMachine):
         tokens = SHARED_PREFIX[:shared] + tail or [0]
         if rid in self.expect:
             self._refused(lambda: self.alloc.add_request(rid, tokens), DuplicateRequest)
-            event("add_request: duplicate refused")
+            _event("add_request: duplicate refused")
             return
         e = Expect(tokens, salt)
         cached = self.alloc.add_request(rid, tokens, cache_salt=salt)
         assert cached == len(self._hits(e, len(tokens))) * self.B
         assert cached < len(tokens)
-        event("add_request: ok" + (" with cached prefix" if cached else ""))
+        _event("add_request: ok" + (" with cached prefix" if cached else ""))
         self.expect[rid] = e
         self._replay()
 
@@ -186,7 +198,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         inflight_recorded = any(ev.done for ev in self.events.values())
         if need > self._usable() - revived and not inflight_recorded:
             self._refused(lambda: self.alloc.allocate(rid, n), OutOfBlocks)
-            event("allocate: OutOfBlocks")
+            _event("allocate: OutOfBlocks")
             return
         try:
             table = self.alloc.allocate(rid, n)
@@ -204,7 +216,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             e.computed = e.issued = len(hits) * self.B
         e.reserved, e.table_len = n, len(table)
         assert self.alloc.num_computed(rid) == e.computed
-        event("allocate: ok" + (" with prefix hits" if hits else ""))
+        _event("allocate: ok" + (" with prefix hits" if hits else ""))
 
     @precondition(lambda self: any(e.reserved > 0 for e in self.expect.values()))
     @rule(data=st.data())
@@ -229,7 +241,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         )
         if any(self.expect[r].reserved == 0 for r in rids):
             self._refused(lambda: self.alloc.publish(rids), InvalidArgument)
-            event("publish: refused (nothing allocated)")
+            _event("publish: refused (nothing allocated)")
             return
         try:
             launch = self.alloc.publish(rids)
@@ -249,7 +261,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert len(set(launch.slot_mapping.tolist())) == len(launch.slot_mapping)
         launch.check_current()
         self.launches.append(launch)
-        event("publish: ok" + (" with copy-on-write" if len(launch.copies) else ""))
+        _event("publish: ok" + (" with copy-on-write" if len(launch.copies) else ""))
 
     def _sync_launches(self) -> None:
         """Launches the allocator completed itself (through recorded events at reclaim)."""
@@ -266,16 +278,16 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.alloc.reclaim()
             assert not launch.completed
             self._replay()
-            event("complete_launch: event recorded (late)")
+            _event("complete_launch: event recorded (late)")
             return
         pending_before = len(self._reclaimed_pending())
         launch.complete()
         self.launches.remove(launch)
         self._replay()
         if len(self._reclaimed_pending()) < pending_before:
-            event("complete_launch: recycled after late completion")
+            _event("complete_launch: recycled after late completion")
         self._refused(launch.complete, AllocatorError)
-        event("complete_launch: now")
+        _event("complete_launch: now")
 
     @precondition(lambda self: self.alloc is not None and self.events)
     @rule(data=st.data())
@@ -284,7 +296,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.events.pop(key).done = True
         freed = self.alloc.reclaim()
         assert freed >= 0
-        event("event_fires: " + ("recycled after late completion" if freed else "no recycle"))
+        _event("event_fires: " + ("recycled after late completion" if freed else "no recycle"))
         self._replay()
         self._sync_launches()
 
@@ -296,14 +308,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         n = data.draw(st.integers(max(0, e.computed - 1), e.reserved + 1))
         if not self._commit_ok(rid, e, n):
             self._refused(lambda: self.alloc.commit(rid, n), CommitError)
-            event("commit: refused")
+            _event("commit: refused")
             return
         cached_before = self.model.count[REFERENCED]
         self.alloc.commit(rid, n)
         e.computed = n
         self._replay()
         grew = self.model.count[REFERENCED] > cached_before
-        event("commit: ok" + (" (blocks entered the cache)" if grew else ""))
+        _event("commit: ok" + (" (blocks entered the cache)" if grew else ""))
 
     def _commit_ok(self, rid: str, e: Expect, n: int) -> bool:
         if n < e.computed or n > e.issued:
@@ -334,14 +346,14 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.alloc.pool.trace.clear()  # open/close of the child cancel out
             self._replay()
             assert child not in self.alloc.requests
-            event("fork: refused")
+            _event("fork: refused")
             return
         self._replay()
         p = self.expect[parent]
         self.expect[child] = Expect(
             list(p.tokens), p.salt, p.reserved, p.issued, p.computed, p.started, len(table)
         )
-        event("fork: ok")
+        _event("fork: ok")
 
     @precondition(lambda self: self.alloc is not None and self.expect)
     @rule(data=st.data(), readmit=st.booleans())
@@ -358,9 +370,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert cached == len(self._hits(e2, len(e.tokens))) * self.B
             self.expect[rid] = e2
             self._replay()
-            event("free: preempted" + (", prefix re-hit" if cached else ""))
+            _event("free: preempted" + (", prefix re-hit" if cached else ""))
         else:
-            event("free: finished")
+            _event("free: finished")
 
     @precondition(lambda self: self.alloc is not None and self.expect)
     @rule(data=st.data(), finish=st.sampled_from(["complete", "complete", "in flight"]))
@@ -376,22 +388,22 @@ class AllocatorMachine(RuleBasedStateMachine):
             revived = sum(1 for b in hits if self.model.state[b] == CACHED
                           and self.model.pending[b] == 0)
             if need > self._usable() - revived:
-                event("serve_step: no room")
+                _event("serve_step: no room")
                 return
             self.allocate_exact(rid, target)
         try:
             launch = self.alloc.publish([rid])
         except OutOfBlocks:
             self._replay()
-            event("serve_step: no room for copy-on-write")
+            _event("serve_step: no room for copy-on-write")
             return
         self._replay()
         if len(launch.copies):
-            event("serve_step: copy-on-write")
+            _event("serve_step: copy-on-write")
         e.issued = e.reserved
         if finish == "in flight":
             self.launches.append(launch)
-            event("serve_step: left in flight")
+            _event("serve_step: left in flight")
             return
         launch.complete()
         self._replay()
@@ -403,7 +415,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         token = data.draw(st.integers(0, 3))
         self.alloc.append_tokens(rid, [token])
         e.tokens.append(token)
-        event("serve_step: served" + (
+        _event("serve_step: served" + (
             ", blocks entered the cache" if self.model.count[REFERENCED] > cached_before else ""))
 
     def allocate_exact(self, rid: str, n: int) -> None:
@@ -416,7 +428,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             e.started = True
             e.computed = e.issued = len(hits) * self.B
             if hits:
-                event("serve_step: prefix hits taken")
+                _event("serve_step: prefix hits taken")
         e.reserved, e.table_len = n, len(table)
 
     def _cow_candidates(self) -> list[str]:
@@ -438,14 +450,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.alloc.append_tokens(child, [token])
         e.tokens.append(token)
         if self._usable() < 1:
-            event("fork_then_write: no room")
+            _event("fork_then_write: no room")
             return
         self.allocate_exact(child, e.reserved + 1)
         try:
             launch = self.alloc.publish([child])
         except OutOfBlocks:
             self._replay()
-            event("fork_then_write: no room for the copy")
+            _event("fork_then_write: no room for the copy")
             return
         self._replay()
         e.issued = e.reserved
@@ -453,7 +465,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             (e.reserved - 1) // self.B]]], "a shared partial block was not copied"
         assert self.model.ref[shared_block] >= 1
         self.launches.append(launch)
-        event("fork_then_write: copy-on-write")
+        _event("fork_then_write: copy-on-write")
 
     @precondition(lambda self: any(not launch.completed for launch in self.launches))
     @rule(data=st.data())
@@ -468,7 +480,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.alloc.free(rid)
         self._replay()
         pending = len(self._reclaimed_pending())
-        event("free_while_in_flight" + (": blocks wait for the launch" if pending else ""))
+        _event("free_while_in_flight" + (": blocks wait for the launch" if pending else ""))
 
     @precondition(lambda self: self.alloc is not None)
     @rule(rid=st.sampled_from(RIDS), n=st.sampled_from([-1, 1.5, True]))
@@ -479,7 +491,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         else:
             self._refused(lambda: self.alloc.allocate(rid, 1), UnknownRequest)
             self._refused(lambda: self.alloc.publish([rid]), UnknownRequest)
-        event("bad_arguments refused")
+        _event("bad_arguments refused")
 
     # ---- block-level rules: legal pool operations and misuse -----------------------------------
     @precondition(lambda self: self.alloc is not None)
@@ -492,11 +504,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         call = getattr(self.alloc.pool, name)
         if step(self.model, name, b=b) is None:
             self._refused(lambda: call(b), AllocatorError)
-            event(f"pool.{name}: refused")
+            _event(f"pool.{name}: refused")
         else:
             call(b)
             self._replay()
-            event(f"pool.{name}: ok")
+            _event(f"pool.{name}: ok")
 
     def _reclaimed_pending(self) -> list[int]:
         m = self.model
@@ -517,14 +529,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         """Release a block the holder does not hold: DoubleFree, nothing changes."""
         r, b = self._draw_unheld(data)
         self._refused(lambda: self.alloc.pool.release(b, r), DoubleFree)
-        event(f"double_free refused ({'freed' if self.model.ref[b] == 0 else 'held by another'})")
+        _event(f"double_free refused ({'freed' if self.model.ref[b] == 0 else 'held by another'})")
 
     @precondition(lambda self: self.alloc is not None and self._reclaimed_pending())
     @rule(data=st.data())
     def recycle_while_pending(self, data):
         b = data.draw(st.sampled_from(self._reclaimed_pending()))
         self._refused(lambda: self.alloc.pool.recycle(b), PendingAccess)
-        event("recycle_while_pending refused")
+        _event("recycle_while_pending refused")
 
     @precondition(lambda self: self.alloc is not None)
     @rule(data=st.data())
@@ -535,7 +547,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             self._refused(lambda: self.alloc.pool.publish(b, r), PublishError)
         else:
             self._refused(lambda: self.alloc.pool.begin_access(b, r, 0), PublishError)
-        event("publish_unowned refused")
+        _event("publish_unowned refused")
 
     @precondition(
         lambda self: self.expect and any(self.model.state[b] != FREE for b in self.model.block_ids)
@@ -546,13 +558,16 @@ class AllocatorMachine(RuleBasedStateMachine):
         b = data.draw(st.sampled_from(taken))
         r = data.draw(st.sampled_from(sorted(self.expect)))
         self._refused(lambda: self.alloc.pool.allocate(b, r), AllocatorError)
-        event("allocate_taken_block refused")
+        _event("allocate_taken_block refused")
 
     # ---- invariants ---------------------------------------------------------------------------
     @invariant()
     def all_invariants_hold(self):
         if self.alloc is None:
             return
+        CAMPAIGN[STEPS] += 1
+        if step_hook is not None:
+            step_hook()
         self.alloc.check_invariants()
         a = self.alloc.abstract()
         assert {t.holder for t in a.tables} == set(self.expect)
