@@ -44,6 +44,8 @@ from .launch import Launch
 from .pool import BlockPool
 from .table import blocks_needed, check_count, slot_mapping, writes_per_block
 
+_HASH_MEMO_MAX = 1 << 16
+
 
 @dataclass
 class _Request:
@@ -68,13 +70,18 @@ class Abstraction:
     tables: tuple[TableView, ...]
 
 
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
 def _check_tokens(token_ids: Iterable[int]) -> list[int]:
     tokens = list(token_ids)
-    for t in tokens:
-        if isinstance(t, bool) or not isinstance(t, int | np.integer):
-            raise InvalidArgument(f"token ids must be ints, got {type(t).__name__}")
-    tokens = [int(t) for t in tokens]
-    encode_tokens(tokens)  # range check
+    if not set(map(type, tokens)) <= {int}:  # fast path: plain ints need no conversion
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, int | np.integer):
+                raise InvalidArgument(f"token ids must be ints, got {type(t).__name__}")
+        tokens = [int(t) for t in tokens]
+    if tokens and (min(tokens) < _I64_MIN or max(tokens) > _I64_MAX):
+        encode_tokens(tokens)  # raises the range error
     return tokens
 
 
@@ -102,6 +109,10 @@ class BlockAllocator:
         self._inflight: dict[int, Launch] = {}
         self._prefix_hit_tokens = 0
         self._attached_pool: Any = None
+        # block_hash is a pure function: memoize it on its full input (parent hash, the
+        # block's tokens, extra keys, salt), so a shared prefix is sha256-hashed once. Bounded:
+        # cleared when it reaches _HASH_MEMO_MAX entries. None disables it.
+        self._hash_memo: dict[tuple[Any, ...], int] | None = {}
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(
@@ -137,13 +148,24 @@ class BlockAllocator:
 
     def _extend_hashes(self, req: _Request) -> None:
         B = self.block_size
-        while (len(req.hashes) + 1) * B <= len(req.tokens):
-            i = len(req.hashes)
-            parent = req.hashes[-1] if req.hashes else 0
-            req.hashes.append(
-                block_hash(parent, req.tokens[i * B : (i + 1) * B], req.extra_keys,
-                           req.salt if i == 0 else None)
-            )
+        memo = self._hash_memo
+        tokens, hashes, extra = req.tokens, req.hashes, req.extra_keys
+        while (len(hashes) + 1) * B <= len(tokens):
+            i = len(hashes)
+            parent = hashes[-1] if hashes else 0
+            block = tokens[i * B : (i + 1) * B]
+            salt = req.salt if i == 0 else None
+            if memo is None:
+                hashes.append(block_hash(parent, block, extra, salt))
+                continue
+            key = (parent, tuple(block), extra, salt)
+            h = memo.get(key)
+            if h is None:
+                h = block_hash(parent, block, extra, salt)
+                if len(memo) >= _HASH_MEMO_MAX:
+                    memo.clear()
+                memo[key] = h
+            hashes.append(h)
 
     def _hits(self, req: _Request, limit_tokens: int | None = None) -> list[int]:
         """Cached blocks for the request's leading full prompt blocks (spec: share-able)."""
