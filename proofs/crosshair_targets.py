@@ -22,7 +22,20 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkv.allocator import hashing, table
-from pagedkv.spec import CONCRETE, INVARIANTS, NO_BLOCK, NO_HASH, TRANSITIONS, Arr, PoolState
+from pagedkv.spec import (
+    ALLOCATED,
+    CACHED,
+    CONCRETE,
+    FREE,
+    INVARIANTS,
+    NO_BLOCK,
+    NO_HASH,
+    PUBLISHED,
+    REFERENCED,
+    TRANSITIONS,
+    Arr,
+    PoolState,
+)
 
 BLOCK_INVARIANTS = tuple(inv for inv in INVARIANTS.values() if inv.scope == "block")
 
@@ -44,7 +57,7 @@ def slot_mapping_bounded(entries: list[int], bs: int, start: int, stop: int) -> 
 def writes_per_block_bounded(bs: int, start: int, stop: int) -> dict[int, int]:
     """Per table index, exactly how many of positions [start, stop) fall in it.
 
-    pre: 1 <= bs <= 3 and 0 <= start <= stop and stop - start <= 5
+    pre: 1 <= bs <= 3 and 0 <= start <= stop <= 6
     post: sum(__return__.values()) == stop - start
     post: all(0 < n <= bs for n in __return__.values())
     post: sorted(__return__) == sorted({p // bs for p in range(start, stop)})
@@ -54,6 +67,17 @@ def writes_per_block_bounded(bs: int, start: int, stop: int) -> dict[int, int]:
 
 
 # --- hash-chain encoding ---------------------------------------------------------------------
+
+
+def frame_bounded(kind: int, payload: bytes) -> bytes:
+    """frame's contract on payloads of up to 3 bytes (a symbolic length is realized).
+
+    pre: 0 <= kind < 256 and len(payload) <= 3
+    post: __return__[0] == kind
+    post: int.from_bytes(__return__[1:9], "big") == len(payload)
+    post: __return__[9:] == payload
+    """
+    return hashing.frame(kind, payload)
 
 
 def encode_fields_roundtrip(fields: list[tuple[int, bytes]]) -> bytes:
@@ -128,27 +152,35 @@ def extra_key_kinds_distinct(x: int, y: str) -> bool:
 # --- spec transitions on a concrete single-block pool ----------------------------------------
 
 
-def _domain(
-    st: int, ref: int, pending: int, wpend: int, filled: int, hsh: int, bs: int, m1: int,
-    m2: int,
-) -> bool:
+def _domain(st: int, pending: int, wpend: int, filled: int, hk: int, bs: int, m1: int,
+            m2: int) -> bool:
     return (
-        0 <= st <= 5 and 0 <= ref <= 2 and 0 <= pending <= 2 and 0 <= wpend <= 2
-        and 0 <= filled <= 3 and 0 <= hsh <= 2 and 1 <= bs <= 2
-        and -1 <= m1 <= 1 and -1 <= m2 <= 1
+        0 <= st <= 5 and 0 <= pending <= 2 and 0 <= wpend <= 2 and 0 <= filled <= 3
+        and 1 <= hk <= 2 and 1 <= bs <= 2 and -1 <= m1 <= 1 and -1 <= m2 <= 1
     )
 
 
 def _pool(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int,
 ) -> PoolState:
-    """Block 0 from ints; block 1 exists only as a hash-map target; holders 0 and 1."""
+    """Block 0 from ints; block 1 exists only as a hash-map target; holders 0 and 1.
+
+    The fields a block invariant pins to the others are built from them (ref = number of
+    holders; init, queued and the hash follow the state), which keeps the path tree small;
+    ``block_ok`` still evaluates every block invariant on the result.
+    """
+    live = st == ALLOCATED or st == PUBLISHED or st == REFERENCED
+    hashed = st == REFERENCED or st == CACHED
+    hmap = {1: m1, 2: m2}
+    if hashed:
+        hmap[hk] = 0
     return PoolState(
-        state=Arr(0, {0: st}), ref=Arr(0, {0: ref}), pending=Arr(0, {0: pending}),
+        state=Arr(0, {0: st}), ref=Arr(0, {0: int(h0) + int(h1)}), pending=Arr(0, {0: pending}),
         wpend=Arr(0, {0: wpend}), filled=Arr(0, {0: filled}), gen=Arr(0),
-        init=Arr(False, {0: init}), hash=Arr(NO_HASH, {0: hsh}), queued=Arr(True, {0: queued}),
-        hmap=Arr(NO_BLOCK, {1: m1, 2: m2}),
+        init=Arr(False, {0: live or st == CACHED}),
+        hash=Arr(NO_HASH, {0: hk if hashed else NO_HASH}),
+        queued=Arr(True, {0: st == FREE or st == CACHED}), hmap=Arr(NO_BLOCK, hmap),
         holds=Arr(Arr(False), {0: Arr(False, {0: h0}), 1: Arr(False, {0: h1})}),
         alive=Arr(False, {0: a0, 1: a1}), nheld=Arr(0), count=Arr(0),
         block_size=bs, num_blocks=2, block_ids=(0, 1), holder_ids=(0, 1),
@@ -169,153 +201,153 @@ def _keeps(name: str, s: PoolState, **params: Any) -> bool:
 
 
 def allocate_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("allocate", s, b=0, r=r)
 
 
 def publish_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("publish", s, b=0, r=r)
 
 
 def begin_access_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
     w: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
     pre: -1 <= w <= 3
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("begin_access", s, b=0, r=r, w=w)
 
 
 def end_access_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int,
     writes: bool,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2)
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2)
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("end_access", s, b=0, writes=writes)
 
 
 def commit_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
     h: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
     pre: 0 <= h <= 2
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("commit", s, b=0, r=r, h=h)
 
 
 def share_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("share", s, b=0, r=r)
 
 
 def release_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("release", s, b=0, r=r)
 
 
 def evict_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2)
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2)
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("evict", s, b=0)
 
 
 def recycle_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2)
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2)
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("recycle", s, b=0)
 
 
 def open_holder_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("open_holder", s, r=r)
 
 
 def close_holder_keeps_block_invariants(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
 ) -> bool:
     """
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return _keeps("close_holder", s, r=r)
 
 
 def release_refused_to_non_holder(
-    st: int, ref: int, pending: int, wpend: int, filled: int, init: bool, hsh: int,
-    queued: bool, h0: bool, h1: bool, a0: bool, a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
 ) -> bool:
     """release's guard is false when the holder does not hold the block (no double free).
 
-    pre: _domain(st, ref, pending, wpend, filled, hsh, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
     pre: not (h0 if r == 0 else h1)
     post: not __return__
     """
-    s = _pool(st, ref, pending, wpend, filled, init, hsh, queued, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
     return CONCRETE.is_true(TRANSITIONS["release"].guard(CONCRETE, s, b=0, r=r))
 
 
@@ -325,11 +357,11 @@ REAL_TARGETS = (
     "pagedkv.allocator.table.blocks_needed",
     "pagedkv.allocator.table.resolve",
     "pagedkv.allocator.table.slot",
-    "pagedkv.allocator.hashing.frame",
 )
 WRAPPER_TARGETS = (
     "slot_mapping_bounded",
     "writes_per_block_bounded",
+    "frame_bounded",
     "encode_fields_roundtrip",
     "decode_fields_roundtrip",
     "encode_tokens_injective",
