@@ -1,0 +1,822 @@
+"""Mutation testing of the allocator and spec guards, without touching files on disk.
+
+``python -m pagedkv.proofs.mutation [--quick] [--jobs N] [--out PATH] [--rev REV]``
+
+A small AST-located, text-level mutator (the mutated source keeps every line where it was, so
+tracebacks and ``inspect.getsource`` stay meaningful) over the guard, ref-count, queue and hash
+code. Each mutant runs in a forked child process that installs a ``sys.meta_path`` finder
+returning the mutated source for its module, then runs the kill suite in stages, cheapest
+first, stopping at the first failure:
+
+1. ``pytest -x`` over the fast tests (allocator API, spec lint, ``tests/test_kill_*.py``);
+2. spec mutants: the z3 obligations (induction symbolic + bounded, safety, non-vacuity);
+3. ``tests/test_stateful.py`` with ``HYPOTHESIS_PROFILE=mutation`` (derandomized, no shrink);
+4. spec mutants: ``proofs.runner.run_all(quick=True)`` (explorer and BMC too);
+5. the CI canaries (``proofs/canaries.py``: planted bugs must still be caught, and not
+   reported without one) and the weakened-guard tests of ``tests/test_proofs.py`` and
+   ``tests/test_allocator_guard_mutations.py``: the tests that show an invariant catches
+   real bugs, which is what kills a weakened invariant.
+
+A mutant that runs past the per-mutant timeout is reported as ``timeout`` and counted as
+killed (every timeout seen is an infinite loop the mutant introduced; the report lists them).
+Mutants shown to be equivalent are listed in ``EQUIVALENT`` with the reason.
+
+``--rev REV`` runs against ``git archive REV`` extracted to a temporary folder (a consistent
+snapshot while others edit the tree); the default is the working tree at ``HEAD``. The report
+records the commit and whether the mutated files differed from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import hashlib
+import importlib.abc
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = "benchmarks/results/mutation-report.json"
+PACKAGES = {"spec", "allocator", "proofs", "kernels"}
+
+KILLED, SURVIVED, EQUIV, TIMEOUT, ERROR = "killed", "survived", "equivalent", "timeout", "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One file to mutate: its module, kind, and which functions (None: all)."""
+
+    path: str
+    module: str
+    kind: str  # "spec" or "allocator"
+    functions: frozenset[str] | None = None
+    skip_functions: frozenset[str] = frozenset()
+    delete_statements: bool = True
+
+
+TARGETS = (
+    Target("spec/transitions.py", "pagedkv.spec.transitions", "spec",
+           skip_functions=frozenset({"enabled", "apply"}), delete_statements=False),
+    Target("spec/invariants.py", "pagedkv.spec.invariants", "spec", delete_statements=False),
+    # the transitions, the guard protocol and the spec views; not the guard compiler (which
+    # self-checks against the interpreted spec and falls back to it), nor diagnostics
+    Target("allocator/pool.py", "pagedkv.allocator.pool", "allocator",
+           functions=frozenset({"__getitem__", "_enter", "check_block_id", "_move",
+                                "open_holder", "close_holder", "allocate", "publish",
+                                "begin_access", "end_access", "commit", "share", "release",
+                                "evict", "recycle", "_invalidate", "_recycle_if_safe", "usable",
+                                "take", "lookup"})),
+    Target("allocator/lru.py", "pagedkv.allocator.lru", "allocator"),
+    Target("allocator/hashing.py", "pagedkv.allocator.hashing", "allocator"),
+    # the guard / ref-count / queue / hash parts of the request layer
+    Target("allocator/allocator.py", "pagedkv.allocator.allocator", "allocator",
+           functions=frozenset({"_extend_hashes", "_hits", "allocate", "commit", "fork",
+                                "free", "publish", "_complete", "reclaim"})),
+)
+
+# Mutants proved or argued equivalent (no test can tell them apart from the original), keyed
+# by ``Mutant.key`` (file, function, operator, original -> mutated line). Filled from the
+# survivors of a run, each with its reason.
+EQUIVALENT: dict[str, str] = {}
+
+
+@dataclasses.dataclass
+class Mutant:
+    id: int
+    file: str
+    module: str
+    kind: str
+    function: str
+    line: int
+    operator: str
+    original: str  # the mutated source line(s), before
+    mutated: str  # ... and after
+    start: int  # byte offsets in the file
+    end: int
+    replacement: str
+    occurrence: int = 0  # disambiguates identical keys
+    status: str = ""
+    killer: str = ""
+    seconds: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return (f"{self.file}:{self.function}:{self.operator}:{self.original.strip()} -> "
+                f"{self.mutated.strip()}" + (f"#{self.occurrence}" if self.occurrence else ""))
+
+    def summary(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("start", "end", "replacement", "module", "occurrence"):
+            d.pop(k)
+        d["key"] = self.key
+        return d
+
+
+# --- generating mutants -------------------------------------------------------------------------
+_CMP_SWAP = {ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="), ast.Lt: ("<", "<="),
+             ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">")}
+_BIN_SWAP = {ast.Add: ("+", "-"), ast.Sub: ("-", "+")}
+_DELETABLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete, ast.Expr)
+
+
+class _Sites(ast.NodeVisitor):
+    def __init__(self, target: Target, src: bytes) -> None:
+        self.t = target
+        self.src = src
+        self.lines = src.splitlines(keepends=True)
+        self.starts = [0]
+        for ln in self.lines:
+            self.starts.append(self.starts[-1] + len(ln))
+        self.func: list[str] = []
+        self.out: list[tuple[str, int, int, str, int]] = []  # (op, start, end, repl, line)
+
+    def off(self, line: int, col: int) -> int:
+        return self.starts[line - 1] + col
+
+    def span(self, node: ast.AST) -> tuple[int, int]:
+        return (self.off(node.lineno, node.col_offset),  # type: ignore[attr-defined]
+                self.off(node.end_lineno, node.end_col_offset))  # type: ignore[attr-defined]
+
+    def active(self) -> bool:
+        if not self.func:
+            return False
+        if any(f in self.t.skip_functions for f in self.func):
+            return False
+        return self.t.functions is None or any(f in self.t.functions for f in self.func)
+
+    def add(self, op: str, start: int, end: int, repl: str, line: int) -> None:
+        self.out.append((op, start, end, repl, line))
+
+    # functions
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self.func.append(node.name)
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # docstring
+        for stmt in body:
+            self.visit(stmt)
+        self.func.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for stmt in node.body:
+            self.visit(stmt)
+
+    # operators
+    def visit_Compare(self, node: ast.Compare) -> None:
+        if self.active():
+            left = node.left
+            for op, right in zip(node.ops, node.comparators, strict=True):
+                swap = _CMP_SWAP.get(type(op))
+                if swap:
+                    a, b = self.span(left)[1], self.span(right)[0]
+                    gap = self.src[a:b].decode()
+                    m = re.search(re.escape(swap[0]) + r"(?![=<>])", gap)
+                    if m:
+                        self.add("cmp", a + m.start(), a + m.end(), swap[1], node.lineno)
+                left = right
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        swap = _BIN_SWAP.get(type(node.op))
+        if self.active() and swap:
+            a, b = self.span(node.left)[1], self.span(node.right)[0]
+            gap = self.src[a:b].decode()
+            i = gap.find(swap[0])
+            if i >= 0:
+                self.add("arith", a + i, a + i + 1, swap[1], node.lineno)
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if not self.active():
+            return
+        s, e = self.span(node)
+        if isinstance(node.value, bool):
+            self.add("bool", s, e, str(not node.value), node.lineno)
+        elif isinstance(node.value, int):  # one mutant per constant: 0 -> 1, n -> n - 1
+            v = node.value
+            self.add("int+1" if v == 0 else "int-1", s, e, str(v + 1 if v == 0 else v - 1),
+                     node.lineno)
+
+    def _drop(self, op: str, values: list[ast.expr], neutral: str) -> None:
+        if len(values) < 2:
+            return
+        for v in values:
+            s, e = self.span(v)
+            nl = self.src[s:e].count(b"\n")
+            repl = ("*()" if isinstance(v, ast.Starred) else neutral) + "\n" * nl
+            self.add(op, s, e, repl, v.lineno)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        if self.active() and isinstance(f, ast.Attribute) and f.attr == "And":
+            self._drop("drop-conjunct", list(node.args), "True")
+        self.generic_visit(node)
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        if self.active() and isinstance(node.op, ast.And):
+            self._drop("drop-and-clause", list(node.values), "True")
+        self.generic_visit(node)
+
+    def visit_If(self, node: ast.If) -> None:
+        if self.active():
+            s, e = self.span(node.test)
+            text = self.src[s:e].decode()
+            self.add("negate-if", s, e, f"not ({text})", node.lineno)
+        self.generic_visit(node)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        if (self.active() and self.t.delete_statements and isinstance(node, _DELETABLE)
+                and self._deletable(node)):
+            s, e = self.span(node)
+            nl = self.src[s:e].count(b"\n")
+            self.add("delete-stmt", s, e, "pass" + "\n" * nl, node.lineno)
+        super().generic_visit(node)
+
+    @staticmethod
+    def _deletable(node: ast.stmt) -> bool:
+        if isinstance(node, ast.Expr):
+            return isinstance(node.value, ast.Call)
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            return all(isinstance(t, ast.Subscript | ast.Attribute) for t in targets)
+        return True  # AugAssign (state updates), Delete
+
+
+def generate(target: Target, root: Path = REPO, start_id: int = 0) -> list[Mutant]:
+    src = (root / target.path).read_bytes()
+    tree = ast.parse(src)
+    v = _Sites(target, src)
+    v.visit(tree)
+    out: list[Mutant] = []
+    seen: dict[str, int] = {}
+    n_lines = src.count(b"\n")
+    for op, s, e, repl, line in sorted(v.out, key=lambda x: (x[1], x[2], x[0])):
+        new = src[:s] + repl.encode() + src[e:]
+        if new.count(b"\n") != n_lines:
+            continue
+        try:
+            ast.parse(new)
+        except SyntaxError:
+            continue
+        first = src.rfind(b"\n", 0, s) + 1
+        last_old = src.find(b"\n", e)
+        last_new = new.find(b"\n", s + len(repl.encode()))
+        m = Mutant(
+            id=0, file=target.path, module=target.module, kind=target.kind,
+            function=_function_at(tree, line), line=line, operator=op,
+            original=src[first:last_old].decode().rstrip(),
+            mutated=new[first:last_new].decode().rstrip(),
+            start=s, end=e, replacement=repl,
+        )
+        m.occurrence = seen.get(m.key, 0)
+        seen[m.key] = m.occurrence + 1
+        out.append(m)
+    for i, m in enumerate(out):
+        m.id = start_id + i
+    return out
+
+
+def _function_at(tree: ast.AST, line: int) -> str:
+    best, best_span = "<module>", None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            end = node.end_lineno or node.lineno
+            if node.lineno <= line <= end and (best_span is None or end - node.lineno < best_span):
+                best, best_span = node.name, end - node.lineno
+    return best
+
+
+def all_mutants(root: Path = REPO, files: list[str] | None = None) -> list[Mutant]:
+    out: list[Mutant] = []
+    for t in TARGETS:
+        if files and t.path not in files:
+            continue
+        out += generate(t, root, start_id=len(out))
+    return out
+
+
+def mutated_source(m: Mutant, root: Path = REPO) -> bytes:
+    src = (root / m.file).read_bytes()
+    return src[: m.start] + m.replacement.encode() + src[m.end :]
+
+
+# --- importing the mutant ------------------------------------------------------------------------
+class _Loader(importlib.abc.Loader):
+    def __init__(self, source: bytes, path: str) -> None:
+        self.source = source
+        self.path = path
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        code = compile(self.source, self.path, "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+
+    def get_source(self, fullname: str) -> str:
+        return self.source.decode()
+
+
+class TreeFinder(importlib.abc.MetaPathFinder):
+    """Imports ``pagedkv.<pkg>`` from ``root/<pkg>``; ``overrides`` maps a module name to the
+    (mutated) source to use instead of the file's."""
+
+    def __init__(self, root: Path, overrides: dict[str, bytes] | None = None) -> None:
+        self.root = Path(root)
+        self.overrides = overrides or {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        parts = fullname.split(".")
+        if parts[0] != "pagedkv" or len(parts) < 2 or parts[1] not in PACKAGES:
+            return None
+        base = self.root / parts[1]
+        rest = parts[2:]
+        pkg = base.joinpath(*rest)
+        if (pkg / "__init__.py").exists():
+            return importlib.util.spec_from_file_location(
+                fullname, pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+        file = base.joinpath(*rest[:-1], rest[-1] + ".py") if rest else None
+        if file is None or not file.exists():
+            return None
+        if fullname in self.overrides:
+            loader = _Loader(self.overrides[fullname], str(file))
+            return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+        return importlib.util.spec_from_file_location(fullname, file)
+
+
+def install(root: Path, overrides: dict[str, bytes] | None = None) -> None:
+    """Route ``pagedkv.*`` imports to ``root`` (with overrides); drop already-imported ones."""
+    import linecache
+
+    for name in list(sys.modules):
+        if name.startswith("pagedkv.") and name != __name__ and name != "pagedkv.proofs":
+            del sys.modules[name]
+    sys.meta_path.insert(0, TreeFinder(root, overrides))
+    for name, src in (overrides or {}).items():
+        parts = name.split(".")
+        path = str(Path(root, parts[1], *parts[2:-1], parts[-1] + ".py"))
+        lines = src.decode().splitlines(keepends=True)
+        linecache.cache[path] = (len(src), None, lines, path)
+
+
+# --- the kill suite ------------------------------------------------------------------------------
+FAST_TESTS = ("tests/test_allocator_api.py", "tests/test_spec_lint.py")
+STATEFUL_TESTS = ("tests/test_stateful.py",)
+BUG_TESTS = (
+    "tests/test_proofs.py::test_weakened_guard_gives_counterexample_and_trace",
+    "tests/test_proofs.py::test_run_all_reports_failures_and_is_json",
+    "tests/test_proofs.py::test_bmc_finds_double_free",
+    "tests/test_proofs.py::test_counterexample_uses_spec_vocabulary",
+    "tests/test_allocator_guard_mutations.py::test_weakened_guard_is_caught",
+)
+
+
+class _FirstFailure:
+    """pytest plugin: remember the first failing test id and a short reason."""
+
+    def __init__(self) -> None:
+        self.failed: str | None = None
+        self.reason = ""
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.failed and self.failed is None:
+            self.failed = report.nodeid
+            text = str(report.longrepr)
+            self.reason = _evidence(text)
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed and self.failed is None:
+            self.failed = f"collect {report.nodeid}"
+            self.reason = _evidence(str(report.longrepr))
+
+
+_EVIDENCE = re.compile(
+    r"(InvariantViolation[^\n]{0,120}|DoubleFree|PendingAccess|PublishError|OutOfBlocks|"
+    r"CommitError|AssertionError[^\n]{0,120}|[A-Za-z]+Error[^\n]{0,80})")
+
+
+def _evidence(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.startswith("E ")]
+    for ln in lines:
+        m = _EVIDENCE.search(ln)
+        if m:
+            return m.group(0)[:160]
+    if lines:
+        return lines[0][2:].strip()[:160]
+    rest = text.strip().splitlines()
+    return rest[-1][:160] if rest else ""
+
+
+def _pytest(root: Path, args: list[str]) -> str | None:
+    import pytest
+
+    plugin = _FirstFailure()
+    tests = [str(root / a) for a in args]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(root),
+                          "-W", "ignore", *tests], plugins=[plugin])
+    if rc in (0, 5):  # passed, or nothing collected
+        return None
+    if plugin.failed:
+        return f"{plugin.failed}" + (f" ({plugin.reason})" if plugin.reason else "")
+    return f"pytest exit {rc}"
+
+
+def _z3_obligations() -> str | None:
+    from pagedkv.proofs.induction import PROVED, induction_matrix
+    from pagedkv.proofs.nonvacuity import ENABLED, nonvacuity
+    from pagedkv.proofs.safety import prove_safety
+
+    for mode in ("symbolic", "bounded"):
+        for o in induction_matrix(mode):
+            if o.result != PROVED:
+                return f"proofs: induction[{mode}] {o.invariant} / {o.transition}: {o.result}"
+    for prop, r in prove_safety().items():
+        if r.result != PROVED:
+            return f"proofs: safety '{prop}': {r.result}"
+    for name, es in nonvacuity().items():
+        for e in es:
+            if e.result != ENABLED:
+                return f"proofs: non-vacuity {name} [{e.mode}]: {e.result}"
+    return None
+
+
+def _run_all_quick() -> str | None:
+    from pagedkv.proofs.runner import run_all
+
+    rep = run_all(quick=True, parallel=False)
+    if rep.ok:
+        return None
+    return "proofs.runner.run_all(quick=True): " + rep.failures[0].splitlines()[0][:160]
+
+
+def _canaries() -> str | None:
+    from pagedkv.proofs.canaries import run_canaries
+
+    rep = run_canaries()
+    if rep["ok"]:
+        return None
+    if not rep.get("baseline", {}).get("ok", True):
+        return f"canaries: baseline fails ({rep['baseline'].get('failed')})"
+    missed = [n for n, c in rep["canaries"].items() if not c["caught"]]
+    return f"canaries: not caught: {', '.join(missed)}"
+
+
+def stages(kind: str, root: Path, quick: bool, max_stages: int | None = None
+           ) -> list[tuple[str, Callable[[], str | None]]]:
+    kill_tests = sorted(str(p.relative_to(root)) for p in (root / "tests").glob("test_kill_*.py"))
+    out: list[tuple[str, Callable[[], str | None]]] = [
+        ("fast tests", lambda: _pytest(root, [*FAST_TESTS, *kill_tests])),
+    ]
+    if kind == "spec":
+        out.append(("z3 obligations", _z3_obligations))
+    out.append(("stateful", lambda: _pytest(root, list(STATEFUL_TESTS))))
+    if kind == "spec" and not quick:
+        out.append(("run_all quick", _run_all_quick))
+    if not quick:
+        out.append(("canaries", _canaries))
+        out.append(("bug-finding tests", lambda: _pytest(root, list(BUG_TESTS))))
+    return out[:max_stages]
+
+
+def run_mutant(m: Mutant | None, root: Path, quick: bool, max_stages: int | None = None
+               ) -> tuple[str, str]:
+    """In this (child) process: import the mutant and run the stages. (status, killer)."""
+    os.environ["HYPOTHESIS_PROFILE"] = "mutation"
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    overrides = {m.module: mutated_source(m, root)} if m else {}
+    install(root, overrides)
+    kind = m.kind if m else "spec"
+    for name, stage in stages(kind, root, quick, max_stages):
+        try:
+            found = stage()
+        except BaseException as exc:  # noqa: BLE001 - a crash in a stage kills the mutant
+            found = f"{name}: {type(exc).__name__}: {str(exc)[:120]}"
+        if found:
+            return KILLED, f"[{name}] {found}"
+    return SURVIVED, ""
+
+
+def _child(m: Mutant | None, root: Path, quick: bool, max_stages: int | None, wfd: int
+           ) -> None:
+    try:
+        result = run_mutant(m, root, quick, max_stages)
+    except BaseException as exc:  # noqa: BLE001
+        result = (ERROR, "".join(traceback.format_exception(exc))[-400:])
+    with os.fdopen(wfd, "w") as fh:
+        fh.write(json.dumps(result))
+    os._exit(0)
+
+
+def _preload() -> None:
+    """Heavy third-party imports once, in the parent, so each forked child starts warm."""
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    for mod in ("numpy", "z3", "hypothesis", "hypothesis.stateful", "pytest", "_pytest.config"):
+        with contextlib.suppress(ImportError):
+            __import__(mod)
+
+
+@dataclasses.dataclass
+class _Running:
+    m: Mutant | None
+    pid: int
+    rfd: int
+    t0: float
+
+
+def run_mutants(
+    mutants: list[Mutant | None], root: Path, *, jobs: int = 1, timeout: float = 120.0,
+    quick: bool = False, progress: Callable[[str], None] | None = None,
+    max_stages: int | None = None,
+) -> list[tuple[str, str, float]]:
+    """Run each mutant (None: the unmutated baseline) in a forked child; results in order."""
+    _preload()
+    say = progress or (lambda _m: None)
+    results: dict[int, tuple[str, str, float]] = {}
+    queue = list(enumerate(mutants))
+    running: dict[int, tuple[int, _Running]] = {}
+    while queue or running:
+        while queue and len(running) < max(1, jobs):
+            idx, m = queue.pop(0)
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # child
+                os.close(r)
+                _child(m, root, quick, max_stages, w)
+            os.close(w)
+            running[pid] = (idx, _Running(m, pid, r, time.perf_counter()))
+        time.sleep(0.05)
+        for pid, (idx, run) in list(running.items()):
+            elapsed = time.perf_counter() - run.t0
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done == 0 and elapsed < timeout:
+                continue
+            if done == 0:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                result = (TIMEOUT, f"no verdict within {timeout:.0f} s (killed)")
+            else:
+                with os.fdopen(run.rfd, "r") as fh:
+                    data = fh.read()
+                run.rfd = -1
+                result = tuple(json.loads(data)) if data else (
+                    ERROR, f"child exited with status {status} and no verdict")
+            if run.rfd >= 0:
+                os.close(run.rfd)
+            results[idx] = (result[0], result[1], round(elapsed, 2))
+            del running[pid]
+            label = "baseline" if run.m is None else f"#{run.m.id} {run.m.file}:{run.m.line}"
+            say(f"{label} {run.m.operator if run.m else ''}: {result[0]} ({elapsed:.1f}s) "
+                f"{result[1][:100]}")
+    return [results[i] for i in range(len(mutants))]
+
+
+# --- the report --------------------------------------------------------------------------------
+def git_commit(root: Path) -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _dirty(root: Path, files: list[str]) -> list[str]:
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", *files], cwd=root,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return [ln[3:] for ln in out.splitlines()]
+
+
+def summarize(mutants: list[Mutant]) -> dict[str, Any]:
+    n = len(mutants)
+    counts = {s: sum(m.status == s for m in mutants) for s in (KILLED, TIMEOUT, SURVIVED,
+                                                               EQUIV, ERROR)}
+    killed = counts[KILLED] + counts[TIMEOUT]
+    non_equiv = n - counts[EQUIV]
+    by_file: dict[str, dict[str, int]] = {}
+    for m in mutants:
+        row = by_file.setdefault(m.file, {"total": 0, KILLED: 0, TIMEOUT: 0, SURVIVED: 0,
+                                          EQUIV: 0, ERROR: 0})
+        row["total"] += 1
+        row[m.status] += 1
+    by_op: dict[str, dict[str, int]] = {}
+    for m in mutants:
+        row = by_op.setdefault(m.operator, {"total": 0, "killed": 0})
+        row["total"] += 1
+        row["killed"] += m.status in (KILLED, TIMEOUT)
+    return {
+        "mutants": n,
+        **counts,
+        "kill_rate": round(killed / non_equiv, 4) if non_equiv else 1.0,
+        "kill_rate_all": round(killed / n, 4) if n else 1.0,
+        "by_file": by_file,
+        "by_operator": by_op,
+    }
+
+
+def build_report(mutants: list[Mutant], *, root: Path, commit: str, dirty: list[str],
+                 quick: bool, timeout: float, seconds: float, baseline: tuple[str, str, float]
+                 ) -> dict[str, Any]:
+    return {
+        "tool": "python -m pagedkv.proofs.mutation",
+        "commit": commit,
+        "dirty_files": dirty,
+        "quick": quick,
+        "timeout_s": timeout,
+        "time_s": round(seconds, 1),
+        "baseline": {"status": baseline[0], "detail": baseline[1], "seconds": baseline[2]},
+        "targets": [dataclasses.asdict(t) | {
+            "functions": sorted(t.functions) if t.functions else "all",
+            "skip_functions": sorted(t.skip_functions)} for t in TARGETS],
+        "stages": [name for name, _ in stages("spec", root, quick)],
+        "summary": summarize(mutants),
+        "mutants": [m.summary() for m in mutants],
+    }
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ").strip()
+
+
+def to_markdown(rep: dict[str, Any]) -> str:
+    s = rep["summary"]
+    lines = [
+        "# Mutation report",
+        "",
+        f"Commit `{rep['commit']}`" + (f" (working tree differed in {rep['dirty_files']})"
+                                       if rep["dirty_files"] else "") +
+        f"; `{rep['tool']}`{' --quick' if rep['quick'] else ''}; {rep['time_s']} s; "
+        f"per-mutant timeout {rep['timeout_s']} s (a timeout counts as killed).",
+        "",
+        f"**Kill rate {s['kill_rate'] * 100:.1f} %** of non-equivalent mutants "
+        f"({s['killed']} killed + {s['timeout']} timeouts of {s['mutants'] - s['equivalent']}; "
+        f"{s['equivalent']} equivalent, {s['survived']} survived, {s['error']} errors; "
+        f"{s['mutants']} mutants in all).",
+        "",
+        "Kill suite stages (first failure wins): " + ", ".join(rep["stages"]) + ".",
+        f"Baseline (no mutant): {rep['baseline']['status']} "
+        f"({rep['baseline']['seconds']} s) {rep['baseline']['detail']}",
+        "",
+        "| file | total | killed | timeout | equivalent | survived |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f, row in s["by_file"].items():
+        lines.append(f"| {f} | {row['total']} | {row['killed']} | {row['timeout']} | "
+                     f"{row['equivalent']} | {row['survived']} |")
+    lines += ["", "| operator | total | killed (incl. timeout) |", "|---|---|---|"]
+    for op, row in sorted(s["by_operator"].items()):
+        lines.append(f"| {op} | {row['total']} | {row['killed']} |")
+    special = [m for m in rep["mutants"] if m["status"] != KILLED]
+    if special:
+        lines += ["", "## Not killed by a test failure (survived, equivalent, timeout, error)",
+                  "", "| # | file:line | function | operator | original → mutated | status | "
+                  "why |", "|---|---|---|---|---|---|---|"]
+        for m in special:
+            lines.append(
+                f"| {m['id']} | {m['file']}:{m['line']} | {m['function']} | {m['operator']} | "
+                f"`{_md_cell(m['original'])}` → `{_md_cell(m['mutated'])}` | {m['status']} | "
+                f"{_md_cell(m['killer'])} |")
+    lines += ["", "## All mutants", "", "| # | file:line | operator | original → mutated | "
+              "status | killed by / why | s |", "|---|---|---|---|---|---|---|"]
+    for m in rep["mutants"]:
+        lines.append(
+            f"| {m['id']} | {m['file']}:{m['line']} | {m['operator']} | "
+            f"`{_md_cell(m['original'])}` → `{_md_cell(m['mutated'])}` | {m['status']} | "
+            f"{_md_cell(m['killer'])} | {m['seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def load_mutation_report(path: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
+    """The committed report's summary for ``pagedkv verify``: kill rate, counts, commit.
+
+    None if there is no report (or it cannot be read)."""
+    p = Path(path) if path is not None else REPO / DEFAULT_OUT
+    try:
+        rep = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    s = rep.get("summary", {})
+    return {
+        "path": str(p),
+        "commit": rep.get("commit"),
+        "dirty_files": rep.get("dirty_files", []),
+        "quick": rep.get("quick"),
+        "kill_rate": s.get("kill_rate"),
+        "mutants": s.get("mutants"),
+        "killed": s.get("killed"),
+        "timeout": s.get("timeout"),
+        "survived": s.get("survived"),
+        "equivalent": s.get("equivalent"),
+        "error": s.get("error"),
+        "time_s": rep.get("time_s"),
+        "ok": s.get("survived") == 0 and s.get("error") == 0,
+    }
+
+
+@contextlib.contextmanager
+def snapshot(rev: str | None) -> Iterator[tuple[Path, str]]:
+    """The tree to mutate: the working tree (rev None), or ``git archive rev`` extracted."""
+    if rev is None:
+        yield REPO, git_commit(REPO)
+        return
+    commit = subprocess.run(["git", "rev-parse", rev], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    tmp = Path(tempfile.mkdtemp(prefix="pagedkv-mutation-"))
+    try:
+        data = subprocess.run(["git", "archive", "--format=tar", commit], cwd=REPO,
+                              capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=data, check=True)
+        yield tmp, commit
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pagedkv.proofs.mutation",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="fast stages only (no canaries / bug-finding tests / run_all)")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant")
+    ap.add_argument("--out", default=DEFAULT_OUT, help="report .json (a .md is written beside)")
+    ap.add_argument("--rev", default=None, help="mutate `git archive REV` instead of the tree")
+    ap.add_argument("--file", action="append", help="only these target files (repeatable)")
+    ap.add_argument("--ids", default=None, help="only these mutant ids (e.g. 3,7,10-12)")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--max-stages", type=int, default=None,
+                    help="triage: run only the first N stages (survivors are not final)")
+    a = ap.parse_args(argv)
+
+    with snapshot(a.rev) as (root, commit):
+        mutants = all_mutants(root, a.file)
+        if a.ids:
+            wanted: set[int] = set()
+            for part in a.ids.split(","):
+                lo, _, hi = part.partition("-")
+                wanted |= set(range(int(lo), int(hi or lo) + 1))
+            mutants = [m for m in mutants if m.id in wanted]
+        if a.list:
+            for m in mutants:
+                print(f"#{m.id} {m.file}:{m.line} [{m.function}] {m.operator}: "
+                      f"{m.original.strip()} -> {m.mutated.strip()}")
+            print(f"{len(mutants)} mutants")
+            return 0
+        dirty = _dirty(REPO, [t.path for t in TARGETS]) if a.rev is None else []
+        t0 = time.perf_counter()
+        todo = [m for m in mutants if m.key not in EQUIVALENT]
+        for m in mutants:
+            if m.key in EQUIVALENT:
+                m.status, m.killer = EQUIV, EQUIVALENT[m.key]
+
+        def say(msg: str) -> None:
+            print(msg, file=sys.stderr, flush=True)
+
+        say(f"{len(mutants)} mutants ({len(todo)} to run), commit {commit[:12]}, "
+            f"jobs {a.jobs}")
+        baseline, *results = run_mutants([None, *todo], root, jobs=a.jobs, timeout=a.timeout,
+                                         quick=a.quick, progress=say,
+                                         max_stages=a.max_stages)
+        if baseline[0] != SURVIVED:
+            say(f"the unmutated tree fails the kill suite: {baseline}")
+        for m, (status, killer, secs) in zip(todo, results, strict=True):
+            m.status, m.killer, m.seconds = status, killer, secs
+        rep = build_report(mutants, root=root, commit=commit, dirty=dirty, quick=a.quick,
+                           timeout=a.timeout, seconds=time.perf_counter() - t0,
+                           baseline=baseline)
+    out = Path(a.out)
+    if not out.is_absolute():
+        out = REPO / out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep, indent=1) + "\n")
+    out.with_suffix(".md").write_text(to_markdown(rep))
+    s = rep["summary"]
+    print(f"kill rate {s['kill_rate'] * 100:.1f} %: {s['killed']} killed, {s['timeout']} "
+          f"timeout, {s['equivalent']} equivalent, {s['survived']} survived, {s['error']} "
+          f"errors of {s['mutants']}; report {out}")
+    return 0 if baseline[0] == SURVIVED and s["survived"] == 0 and s["error"] == 0 else 1
+
+
+def mutant_digest(m: Mutant, root: Path = REPO) -> str:
+    return hashlib.sha256(mutated_source(m, root)).hexdigest()[:12]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
