@@ -1,0 +1,339 @@
+"""``pagedkv verify``: prove the spec, check the code against it, and print the invariant report.
+
+Runs the z3 proofs and the reachability search (proofs.runner), CrossHair on the pure core,
+the planted-bug canaries, a fixed-seed stateful refinement campaign, and a short serving
+workload through a checked allocator; reads the committed mutation report; prints one table
+and writes verify-report.json and verify-report.md. Exit code 1 when anything fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from pagedkv.spec import INVARIANTS, spec_digest
+
+FULL_STEPS = 100_000
+QUICK_STEPS = 8_000
+
+
+def _say(msg: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(f"[verify] {msg}", file=sys.stderr)
+
+
+def _guarded(name: str, fn: Callable[[], dict]) -> dict:
+    """Run one part; an exception becomes a failed part with its traceback, not a crash."""
+    started = time.perf_counter()
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - reported, and the verdict fails
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc()}
+    result.setdefault("elapsed_s", round(time.perf_counter() - started, 2))
+    _say(f"{name}: {'ok' if result.get('ok') else 'FAILED'} ({result['elapsed_s']} s)")
+    return result
+
+
+# ---- the parts -----------------------------------------------------------------------------
+def run_proofs(quick: bool) -> dict:
+    from pagedkv.proofs.runner import run_all
+
+    chatty = ("induction", "safety", "non-vacuity", "bmc: depth")
+    report = run_all(quick=quick, progress=lambda m: None if m.startswith(chatty) else _say(m))
+    return report.to_dict()
+
+
+def run_crosshair_part(quick: bool) -> dict:
+    from pagedkv.proofs.crosshair_check import run_crosshair
+
+    result = run_crosshair(quick=quick, progress=None)
+    result.pop("raw_output", None)
+    return result
+
+
+def run_canaries_part() -> dict:
+    from pagedkv.proofs.canaries import run_canaries
+
+    return run_canaries(progress=_say)
+
+
+def run_campaign(target_steps: int, step_count: int = 100, examples: int = 200) -> dict:
+    """The refinement state machine, fixed seeds 0, 1, ... until ``target_steps`` steps."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis import seed as fixed_seed
+    from hypothesis.stateful import run_state_machine_as_test
+    from tqdm import tqdm
+
+    from pagedkv.proofs import refinement
+
+    refinement.CAMPAIGN.clear()
+    bar = tqdm(total=target_steps, desc="stateful campaign", unit="step", mininterval=2,
+               file=sys.stderr)
+    refinement.step_hook = lambda: bar.update(1)
+    seeds = []
+    try:
+        while refinement.CAMPAIGN[refinement.STEPS] < target_steps:
+            seed = len(seeds)
+            seeds.append(seed)
+
+            @fixed_seed(seed)
+            def machine() -> refinement.AllocatorMachine:
+                return refinement.AllocatorMachine()
+
+            run_state_machine_as_test(machine, settings=settings(
+                max_examples=examples, stateful_step_count=step_count, database=None,
+                deadline=None, suppress_health_check=list(HealthCheck),
+            ))
+    finally:
+        refinement.step_hook = None
+        bar.close()
+    counts = dict(refinement.CAMPAIGN)
+    steps = counts.pop(refinement.STEPS, 0)
+    return {"ok": steps >= target_steps, "steps": steps, "seeds": seeds,
+            "rules": _rule_table(counts)}
+
+
+def _rule_table(counts: dict[str, int]) -> dict[str, dict]:
+    """Per rule: how often it ran, and the share of each outcome."""
+    rules: dict[str, dict] = {}
+    for label, n in counts.items():
+        rule, _, outcome = label.partition(":")
+        if not outcome:
+            rule, _, outcome = label.partition(" ")
+        entry = rules.setdefault(rule.strip(), {"calls": 0, "outcomes": {}})
+        entry["calls"] += n
+        entry["outcomes"][outcome.strip() or "ok"] = n
+    for entry in rules.values():
+        entry["outcomes"] = {k: round(v / entry["calls"], 3)
+                             for k, v in sorted(entry["outcomes"].items())}
+    return dict(sorted(rules.items()))
+
+
+def run_workload_part(quick: bool) -> dict:
+    from tqdm import tqdm
+
+    from pagedkv.proofs.workload import run_workload
+
+    steps = 150 if quick else 600
+    with tqdm(total=steps, desc="serving workload", unit="step", mininterval=2,
+              file=sys.stderr) as bar:
+        return run_workload(steps=steps, progress=bar.update).to_dict()
+
+
+def mutation_part() -> dict:
+    from pagedkv.proofs.mutation import load_mutation_report
+
+    summary = load_mutation_report()
+    if summary is None:
+        return {"ok": False, "error": "no committed mutation report"}
+    summary = dict(summary)
+    summary.setdefault("ok", True)
+    return summary
+
+
+# ---- the report ----------------------------------------------------------------------------
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("pagedkv", "z3-solver", "hypothesis", "crosshair-tool", "numba", "numba-cuda",
+                "numpy", "torch"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def _induction(entry: dict) -> str:
+    results = [r["result"] for mode in ("induction", "induction_bounded")
+               for r in entry.get(mode, {}).values()]
+    if not results:
+        return "n/a (tested)"
+    proved = sum(r == "proved" for r in results)
+    return f"{'proved' if proved == len(results) else 'FAILED'} {proved}/{len(results)}"
+
+
+def _reachable(entry: dict) -> str:
+    layers = entry.get("reachable", {})
+    if not layers:
+        return "-"
+    bad = [k for k, v in layers.items() if v.get("result") != "holds"]
+    states = sum(v.get("states", 0) for v in layers.values())
+    return f"{'FAILED ' + ','.join(bad) if bad else 'holds'} ({states:,})"
+
+
+def _mentions(part: dict, key: str, name: str) -> list[str]:
+    items = part.get(key) or {}
+    if isinstance(items, dict):
+        items = [dict(v, name=k) if isinstance(v, dict) else {"name": k, "v": v}
+                 for k, v in items.items()]
+    return [str(i.get("name")) for i in items if name in json.dumps(i, default=str)]
+
+
+def build_rows(parts: dict[str, dict]) -> list[dict[str, str]]:
+    proofs = parts.get("proofs", {})
+    campaign = parts.get("campaign", {})
+    crosshair = parts.get("crosshair", {})
+    spec_targets = {k: v for k, v in (crosshair.get("functions") or {}).items()
+                    if "crosshair_targets" in k}
+    ch_status = "-"
+    if spec_targets:
+        conds = [c["status"] for f in spec_targets.values() for c in f.get("conditions", [])]
+        good = sum(s.startswith(("confirmed", "allowlisted")) for s in conds)
+        ch_status = f"{good}/{len(conds)} confirmed"
+    rows = []
+    for name, inv in INVARIANTS.items():
+        entry = (proofs.get("invariants") or {}).get(name, {})
+        canaries = _mentions(parts.get("canaries", {}), "canaries", name)
+        mutants = parts.get("mutation", {}).get("killed_by_invariant", {}).get(name)
+        rows.append({
+            "invariant": name,
+            "property": inv.property,
+            "z3 induction": _induction(entry) if entry else "not run",
+            "reachable states": _reachable(entry) if entry else "not run",
+            "stateful steps": (f"{campaign.get('steps', 0):,} ok" if campaign.get("ok")
+                               else "FAILED" if campaign else "not run"),
+            "CrossHair (spec)": ch_status if inv.scope == "block" else "-",
+            "canaries": ", ".join(canaries) or "-",
+            "mutants killed": str(mutants) if mutants is not None else "-",
+        })
+    return rows
+
+
+def render_table(rows: list[dict[str, str]]) -> str:
+    cols = list(rows[0])
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+    line = "  ".join(f"{c:<{widths[c]}}" for c in cols)
+    out = [line, "-" * len(line)]
+    out += ["  ".join(f"{r[c]:<{widths[c]}}" for c in cols) for r in rows]
+    return "\n".join(out)
+
+
+def render_summary(parts: dict[str, dict]) -> str:
+    lines = []
+    p = parts.get("proofs", {})
+    if p.get("totals"):
+        t = p["totals"]
+        lines.append(
+            f"z3: {t.get('proved')}/{t.get('obligations')} induction obligations proved, "
+            f"{t.get('safety_proved')}/{t.get('safety_claims')} safety claims; reachable "
+            f"states {t.get('reachable_states')}; BMC clean to depth {t.get('bmc_depth')}"
+        )
+    for name, prop in (p.get("safety") or {}).items():
+        lines.append(f"  safety: {name}: {prop.get('result')}")
+    for name, tr in (p.get("transitions") or {}).items():
+        lines.append(f"  non-vacuity: {name}: {tr.get('status', tr.get('result', tr))}"
+                     if not isinstance(tr, dict) or "status" in tr or "result" in tr
+                     else f"  non-vacuity: {name}: enabled")
+    c = parts.get("crosshair", {})
+    if c.get("totals"):
+        t = c["totals"]
+        lines.append(f"CrossHair: {t.get('confirmed')} confirmed, {t.get('allowlisted')} "
+                     f"allowlisted, {t.get('counterexample')} counterexamples, "
+                     f"{t.get('unknown')} unknown")
+    k = parts.get("canaries", {})
+    for name, can in (k.get("canaries") or {}).items():
+        lines.append(f"canary {name}: {'caught' if can.get('caught') else 'MISSED'} by "
+                     f"{can.get('by', '?')}")
+    camp = parts.get("campaign", {})
+    if camp.get("rules"):
+        lines.append(f"stateful campaign: {camp['steps']:,} steps, seeds {camp['seeds']}")
+        for rule, e in camp["rules"].items():
+            shares = ", ".join(f"{k} {v:.0%}" for k, v in e["outcomes"].items())
+            lines.append(f"  {rule:<24} {e['calls']:>7,} calls: {shares}")
+    w = parts.get("workload", {})
+    if "steps" in w:
+        lines.append(
+            f"serving workload: {w['steps']} steps, {w['requests_finished']} finished, "
+            f"{w['preemptions']} preemptions, {w['forks']} forks, "
+            f"{w['copy_on_write_copies']} CoW copies, {w['invariant_scans']} invariant scans"
+        )
+    m = parts.get("mutation", {})
+    if "kill_rate" in m:
+        lines.append(f"mutation (committed report, commit {m.get('commit', '?')}): kill rate "
+                     f"{m['kill_rate']}, {m.get('killed')} killed, {m.get('equivalent')} "
+                     f"equivalent, {m.get('survived')} survived")
+    for name, part in parts.items():
+        if part.get("error"):
+            lines.append(f"{name}: ERROR {part['error']}")
+    return "\n".join(lines)
+
+
+def verify(quick: bool = False, steps: int | None = None, out_dir: Path = Path(".")) -> int:
+    started = time.time()
+    parts: dict[str, dict] = {}
+    _say("z3 proofs and reachability")
+    parts["proofs"] = _guarded("proofs", lambda: run_proofs(quick))
+    _say("CrossHair on the pure core")
+    parts["crosshair"] = _guarded("crosshair", lambda: run_crosshair_part(quick))
+    _say("planted-bug canaries")
+    parts["canaries"] = _guarded("canaries", run_canaries_part)
+    target = steps or (QUICK_STEPS if quick else FULL_STEPS)
+    parts["campaign"] = _guarded("stateful campaign", lambda: run_campaign(target))
+    parts["workload"] = _guarded("serving workload", lambda: run_workload_part(quick))
+    parts["mutation"] = _guarded("mutation report", mutation_part)
+    ok = all(p.get("ok") for p in parts.values())
+    rows = build_rows(parts)
+    table = render_table(rows)
+    summary = render_summary(parts)
+    assumptions = parts["proofs"].get("assumptions", [])
+    report = {
+        "ok": ok,
+        "quick": quick,
+        "spec_digest": spec_digest(),
+        "versions": _versions(),
+        "elapsed_s": round(time.time() - started, 1),
+        "assumptions": assumptions,
+        "rows": rows,
+        "parts": parts,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "verify-report.json").write_text(json.dumps(report, indent=2, default=str))
+    (out_dir / "verify-report.md").write_text(_markdown(report, table, summary))
+    print(table)
+    print()
+    print(summary)
+    print()
+    print(f"spec sha256 {report['spec_digest'][:16]}…  {report['elapsed_s']} s  "
+          f"{'VERIFIED' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+def _markdown(report: dict, table: str, summary: str) -> str:
+    cols = list(report["rows"][0])
+    md = ["# pagedkv verify report", "",
+          f"- verdict: **{'verified' if report['ok'] else 'FAILED'}**"
+          f"{' (quick)' if report['quick'] else ''}",
+          f"- spec sha256: `{report['spec_digest']}`",
+          "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+          f"- elapsed: {report['elapsed_s']} s", "",
+          "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md += ["| " + " | ".join(r[c] for c in cols) + " |" for r in report["rows"]]
+    md += ["", "## Details", "", "```", summary, "```", "", "## Assumptions", ""]
+    md += [f"- {a}" for a in report["assumptions"]]
+    return "\n".join(md) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pagedkv", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("verify", help="run every proof and check; print the invariant report")
+    v.add_argument("--quick", action="store_true", help="a sub-minute run with smaller budgets")
+    v.add_argument("--steps", type=int, default=None, help="stateful campaign steps")
+    v.add_argument("--out-dir", type=Path, default=Path("."), help="where to write the reports")
+    args = parser.parse_args(argv)
+    if args.command == "verify":
+        return verify(quick=args.quick, steps=args.steps, out_dir=args.out_dir)
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":
+    sys.exit(main())
