@@ -105,6 +105,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.expect: dict[str, Expect] = {}
         self.launches: list[Any] = []
         self.events: dict[int, FakeEvent] = {}
+        self.fired = {"events": 0}
         initial = self.alloc.abstract()
         assert states_equal(initial.pool, self.model) == [], "initial state differs from spec"
         assert violations(initial.pool, initial.tables) == []
@@ -274,7 +275,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         if late:  # record an event that turns done later; reclaim() completes it
             ev = FakeEvent()
             launch.record(ev)
-            self.events[id(launch)] = ev
+            self.events[len(self.events) + sum(self.fired.values())] = ev  # stable keys
             self.alloc.reclaim()
             assert not launch.completed
             self._replay()
@@ -294,6 +295,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def event_fires(self, data):
         key = data.draw(st.sampled_from(sorted(self.events)))
         self.events.pop(key).done = True
+        self.fired["events"] += 1
         freed = self.alloc.reclaim()
         assert freed >= 0
         _event("event_fires: " + ("recycled after late completion" if freed else "no recycle"))
