@@ -1,0 +1,25 @@
+"""The README's usage example runs as written, and its two set-up commands exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_usage_example_runs(capsys):
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert 15 <= len(code.strip().splitlines()) <= 25
+    exec(compile(code, "README.md", "exec"), {})
+    assert "need" in capsys.readouterr().out  # the OutOfBlocks message was printed
+
+
+def test_readme_commands_are_make_targets():
+    text = (ROOT / "README.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("verify", "test"):
+        assert f"make {target}" in text
+        assert re.search(rf"^{target}:", makefile, re.M)
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
