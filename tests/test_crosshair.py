@@ -69,7 +69,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("crosshair_targets.evict_keeps_block_invariants", "spec/transitions.py",
      "        hash=_set(ops, s.hash, b, NO_HASH),\n", ""),
     ("crosshair_targets.recycle_keeps_block_invariants", "spec/transitions.py",
-     "ops.And(s.state[b] == RECLAIMED, s.pending[b] == 0)", "ops.And(s.state[b] == RECLAIMED)"),
+     "s.state[b] == RECLAIMED, s.pending[b] == 0)", "s.state[b] == RECLAIMED)"),
     ("crosshair_targets.open_holder_keeps_block_invariants", "spec/transitions.py",
      "return s.replace(alive=_set(ops, s.alive, r, True))",
      "return s.replace(alive=_set(ops, s.alive, r, True), **_hold(ops, s, r, 0, False))"),
@@ -77,7 +77,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
      "return s.replace(alive=_set(ops, s.alive, r, False))",
      "return s.replace(alive=_set(ops, s.alive, r, False), **_hold(ops, s, r, 0, True))"),
     ("crosshair_targets.release_refused_to_non_holder", "spec/transitions.py",
-     "ops.And(s.ref[b] > 0, s.holds[r][b], _held_state", "ops.And(s.ref[b] > 0, _held_state"),
+     "s.ref[b] > 0, s.holds[r][b], _held_state", "s.ref[b] > 0, _held_state"),
 ]
 
 
