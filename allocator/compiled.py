@@ -1,0 +1,461 @@
+"""The spec's guards, effects and invariants, compiled for a pool's arrays.
+
+Each spec function is evaluated once with a symbolic ``ops`` and a symbolic view whose reads
+build Python source over the pool's arrays (``s.state[b] == FREE`` builds ``state[b] == 0``,
+``ops.And(x, y)`` builds ``(x and y)``); the source is compiled into a function over this
+pool's arrays. What runs is the spec's own guard, compiled: replacing a spec function (e.g.
+a weakened guard) is picked up at the next call. A compiled function is checked against the
+interpreted one on a few concrete probe states before use; anything the symbolic evaluation
+cannot express (Python truth tests on terms, unknown constants) falls back to interpretation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pagedkv.spec import CONCRETE, NO_BLOCK, NO_HASH, Overlay, PoolState
+
+if TYPE_CHECKING:
+    from .pool import BlockPool
+
+
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _lit(x: Any) -> str:
+    if isinstance(x, _Sym):
+        return f"bool({x.src})" if x.boolish else x.src
+    if x is None or isinstance(x, bool):
+        return repr(x)
+    if isinstance(x, int):
+        return repr(int(x))
+    raise _Unsupported(f"constant {x!r}")
+
+
+def _truth(x: Any) -> str:
+    return x.src if isinstance(x, _Sym) else _lit(x)
+
+
+class _Sym:
+    """A term of a spec function, as Python source."""
+
+    __slots__ = ("src", "boolish")
+
+    def __init__(self, src: str, boolish: bool = False) -> None:
+        self.src = src
+        self.boolish = boolish  # truthy-valued (from and/or): compared as bool(...)
+
+    def _op(self, op: str, other: Any, rev: bool = False) -> _Sym:
+        a, b = _lit(self), _lit(other)
+        return _Sym(f"({b} {op} {a})" if rev else f"({a} {op} {b})")
+
+    def __eq__(self, o: Any) -> _Sym:  # type: ignore[override]
+        return self._op("==", o)
+
+    def __ne__(self, o: Any) -> _Sym:  # type: ignore[override]
+        return self._op("!=", o)
+
+    def __lt__(self, o: Any) -> _Sym:
+        return self._op("<", o)
+
+    def __le__(self, o: Any) -> _Sym:
+        return self._op("<=", o)
+
+    def __gt__(self, o: Any) -> _Sym:
+        return self._op(">", o)
+
+    def __ge__(self, o: Any) -> _Sym:
+        return self._op(">=", o)
+
+    def __add__(self, o: Any) -> _Sym:
+        return self._op("+", o)
+
+    def __radd__(self, o: Any) -> _Sym:
+        return self._op("+", o, True)
+
+    def __sub__(self, o: Any) -> _Sym:
+        return self._op("-", o)
+
+    def __rsub__(self, o: Any) -> _Sym:
+        return self._op("-", o, True)
+
+    def __mul__(self, o: Any) -> _Sym:
+        return self._op("*", o)
+
+    def __rmul__(self, o: Any) -> _Sym:
+        return self._op("*", o, True)
+
+    def __neg__(self) -> _Sym:
+        return _Sym(f"(-{_lit(self)})")
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        raise _Unsupported("truth value of a symbolic term")
+
+    def __iter__(self) -> Any:
+        raise _Unsupported("iteration over a symbolic term")
+
+    def __getitem__(self, k: Any) -> Any:
+        raise _Unsupported("indexing a scalar term")
+
+
+class _SymArr:
+    """A spec array read through a source template over the pool's representation."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, read: Any) -> None:
+        self.read = read
+
+    def __getitem__(self, k: Any) -> Any:
+        return self.read(_lit(k))
+
+
+class _SymStore:
+    """``ops.store(base, key, value)``: reads through it pick the stored value when keys agree."""
+
+    __slots__ = ("base", "key", "value")
+
+    def __init__(self, base: Any, key: Any, value: Any) -> None:
+        self.base, self.key, self.value = base, key, value
+
+    def __getitem__(self, k: Any) -> Any:
+        ks, mine = _lit(k), _lit(self.key)
+        if ks == mine:
+            return self.value
+        if not isinstance(self.value, _Sym | bool | int):
+            raise _Unsupported("conditional read of a nested array")
+        return _Sym(f"({_lit(self.value)} if {ks} == {mine} else {_lit(self.base[k])})")
+
+    def entries(self) -> list[tuple[str, str]]:
+        """(key, value) sources, oldest store first."""
+        out: list[tuple[str, str]] = []
+        node: Any = self
+        while isinstance(node, _SymStore):
+            out.append((_lit(node.key), _lit(node.value)))
+            node = node.base
+        return out[::-1]
+
+
+class _SymIds:
+    """``s.block_ids`` / ``s.holder_ids``: a comprehension over them yields one loop variable,
+    which ``ops.Sum`` turns into a generator expression."""
+
+    __slots__ = ("src",)
+    counter = [0]
+
+    def __init__(self, src: str) -> None:
+        self.src = src
+
+    def __iter__(self) -> Any:
+        _SymIds.counter[0] += 1
+        var = f"_v{_SymIds.counter[0]}"
+        _LOOPS[var] = self.src
+        yield _Sym(var)
+
+
+_LOOPS: dict[str, str] = {}
+
+
+class _SymOps:
+    name = "source"
+
+    @staticmethod
+    def And(*args: Any) -> Any:
+        return _Sym("(" + " and ".join(_truth(a) for a in args) + ")", True) if args else True
+
+    @staticmethod
+    def Or(*args: Any) -> Any:
+        return _Sym("(" + " or ".join(_truth(a) for a in args) + ")", True) if args else False
+
+    @staticmethod
+    def Not(a: Any) -> _Sym:
+        return _Sym(f"(not {_truth(a)})")
+
+    @staticmethod
+    def Implies(a: Any, b: Any) -> _Sym:
+        return _Sym(f"((not {_truth(a)}) or {_truth(b)})", True)
+
+    @staticmethod
+    def If(c: Any, a: Any, b: Any) -> _Sym:
+        return _Sym(f"({_lit(a)} if {_truth(c)} else {_lit(b)})")
+
+    @staticmethod
+    def store(arr: Any, key: Any, value: Any) -> _SymStore:
+        return _SymStore(arr, key, value)
+
+    @staticmethod
+    def Sum(terms: Any) -> _Sym:
+        parts = []
+        for t in list(terms):
+            src = _lit(t)
+            loops = [v for v in _LOOPS if v in src]
+            if len(loops) > 1:
+                raise _Unsupported("nested sums")
+            if loops:
+                parts.append(f"sum(int({src}) for {loops[0]} in {_LOOPS[loops[0]]})")
+            else:
+                parts.append(f"int({src})")
+        return _Sym("(" + (" + ".join(parts) or "0") + ")")
+
+    @staticmethod
+    def is_true(value: Any) -> bool:
+        raise _Unsupported("is_true")
+
+
+class _SymPost:
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+
+def _row(r: str) -> _SymArr:
+    return _SymArr(lambda k: _Sym(f"({k} in held.get({r}, ()))"))
+
+
+class _SymView:
+    """The pool's arrays as the spec sees them; reads build source over BlockPool's fields."""
+
+    def __init__(self) -> None:
+        for f in ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash",
+                  "queued", "count"):
+            setattr(self, f, _SymArr(lambda k, f=f: _Sym(f"{f}[{k}]")))
+        self.hmap = _SymArr(lambda k: _Sym(f"hmap.get({k}, {NO_BLOCK})"))
+        self.alive = _SymArr(lambda k: _Sym(f"({k} in held)"))
+        self.nheld = _SymArr(lambda k: _Sym(f"len(held.get({k}, ()))"))
+        self.holds = _SymArr(_row)
+        self.block_size = _Sym("block_size")
+        self.num_blocks = _Sym("num_blocks")
+        self.block_ids = _SymIds("range(num_blocks)")
+        self.holder_ids = _SymIds("held")
+
+    def replace(self, **changes: Any) -> _SymPost:
+        return _SymPost(changes)
+
+
+_VERIFIED_FIELDS = ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash",
+                    "queued", "count", "hmap")
+_READ = {f: f"{f}[{{}}]" for f in _VERIFIED_FIELDS}
+_READ["hmap"] = f"hmap.get({{}}, {NO_BLOCK})"
+_CODE_CACHE: dict[Any, Any] = {}
+
+
+def _source_of(fn: Any, params: tuple[str, ...]) -> Any:
+    """Evaluate a spec function symbolically: a term, a post-state, or None if unsupported."""
+    _LOOPS.clear()
+    try:
+        return fn(_SymOps, _SymView(), **{p: _Sym(p) for p in params})
+    except (_Unsupported, TypeError, AttributeError):
+        return None
+
+
+def predicate_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
+    """Code of ``lambda *params: <the predicate>`` (truthiness), or None."""
+    key = ("pred", fn, params)
+    if key not in _CODE_CACHE:
+        term = _source_of(fn, params)
+        code = None
+        if term is not None:
+            src = f"lambda {', '.join(params)}: {_truth(term)}"
+            code = compile(src, f"<spec {label}, compiled>", "eval")
+        _CODE_CACHE[key] = code
+    return _CODE_CACHE[key]
+
+
+def effect_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
+    """Code of two functions: ``predict(*params)`` evaluated on the pre-state returns the keys
+    and values the spec's effect writes (and r's predicted holds/nheld); ``check(P)`` on the
+    post-state returns None or the first (field, key, expected, real) that differs."""
+    key = ("effect", fn, params)
+    if key in _CODE_CACHE:
+        return _CODE_CACHE[key]
+    post = _source_of(fn, params)
+    code = None
+    if isinstance(post, _SymPost):
+        try:
+            values: list[str] = []
+            checks: list[str] = []
+            touched: list[str] = []
+            for f in _VERIFIED_FIELDS:
+                arr = post.fields.get(f)
+                if arr is None:
+                    continue
+                if not isinstance(arr, _SymStore):
+                    raise _Unsupported(f"{f} is not a store chain")
+                entries = arr.entries()
+                slots = []
+                for k, v in entries:
+                    slots.append(len(values))
+                    values += [k, v]
+                for n, i in enumerate(slots):
+                    later = [f"P[{j}]" for j in slots[n + 1:]]
+                    read = _READ[f].format(f"P[{i}]")
+                    cond = f"{read} != P[{i + 1}]"
+                    if later:
+                        cond = f"P[{i}] not in ({', '.join(later)},) and {cond}"
+                    checks.append(
+                        f"    if {cond}: return ({f!r}, P[{i}], P[{i + 1}], {read})")
+                    if f not in ("count", "hmap"):
+                        touched.append(f"P[{i}]")
+            extra = []
+            if "r" in params:
+                nheld = post.fields.get("nheld", _SymView().nheld)[_Sym("r")]
+                extra.append(f"{_lit(nheld)}")
+                i = len(values)
+                values.append(extra[-1])
+                checks.append(f"    if len(held.get(r, ())) != P[{i}]: "
+                              f"return ('nheld', r, P[{i}], len(held.get(r, ())))")
+                if "b" in params:
+                    holds = post.fields.get("holds", _SymView().holds)[_Sym("r")][_Sym("b")]
+                    i = len(values)
+                    values.append(f"bool({_truth(holds)})")
+                    checks.append(f"    if (b in held.get(r, ())) != P[{i}]: "
+                                  f"return ('holds', (r, b), P[{i}], not P[{i}])")
+            args = ", ".join(params)
+            src = (f"def predict({args}):\n    return ({', '.join(values)},)\n"
+                   f"def check(P, {args}):\n" + "\n".join(checks) + "\n    return None\n"
+                   f"def touched(P):\n    return {{{', '.join(touched)}}}\n")
+            code = (compile(src, f"<spec {label}, compiled>", "exec"),
+                    frozenset(f for f in _VERIFIED_FIELDS if f in post.fields))
+        except _Unsupported:
+            code = None
+    _CODE_CACHE[key] = code
+    return code
+
+
+_PROBE_CHECKED: dict[Any, bool] = {}
+
+
+def _probe_pools() -> list[BlockPool]:
+    """A few small pools with scrambled arrays (not necessarily reachable states)."""
+    import random
+
+    from .pool import BlockPool
+
+    pools = []
+    for seed in range(4):
+        rnd = random.Random(seed)
+        p = BlockPool(6, 4, checked=False)
+        p.compile_spec = False
+        n = p.num_blocks
+        p.state[:] = [rnd.randrange(6) for _ in range(n)]
+        for arr, hi in ((p.ref, 3), (p.pending, 3), (p.wpend, 3), (p.filled, 5), (p.gen, 3)):
+            arr[:] = [rnd.randrange(-1 if seed == 3 else 0, hi) for _ in range(n)]
+        p.init[:] = [rnd.random() < 0.5 for _ in range(n)]
+        p.hash[:] = [rnd.choice((NO_HASH, 11, 12)) for _ in range(n)]
+        p.queue.inq[:] = [rnd.random() < 0.5 for _ in range(n)]
+        p.hmap.update({11: rnd.randrange(n), 12: rnd.randrange(-1, n)})
+        p.held.update({"a": {b for b in range(n) if rnd.random() < 0.5}, "b": set()})
+        p.count[:] = [rnd.randrange(4) for _ in p.count]
+        pools.append(p)
+    return pools
+
+
+_PROBE_VALUES = {
+    "b": range(6), "r": ("a", "b", "zz"), "w": (0, 1, 4, 5), "writes": (False, True),
+    "h": (NO_HASH, 11, 13),
+}
+
+
+def predicate_agrees(fn: Any, params: tuple[str, ...], code: Any) -> bool:
+    """The compiled predicate agrees with the interpreted one on the probe states."""
+    import itertools
+
+    key = (fn, params)
+    if key not in _PROBE_CHECKED:
+        ok = True
+        try:
+            for p in _probe_pools():
+                compiled = eval(code, p._namespace())
+                for combo in itertools.product(*(_PROBE_VALUES[x] for x in params)):
+                    want = bool(fn(CONCRETE, p.view, **dict(zip(params, combo, strict=True))))
+                    if bool(compiled(*combo)) != want:
+                        ok = False
+                        break
+                if not ok:
+                    break
+        except Exception:  # noqa: BLE001 - any disagreement (even a crash) means: interpret
+            ok = False
+        _PROBE_CHECKED[key] = ok
+    return _PROBE_CHECKED[key]
+
+
+
+def effect_agrees(t: Any, code: Any) -> bool:
+    """On the probe states, wherever the guard holds: the compiled effect writes the fields the
+    interpreted effect writes, and the post-state the interpreted effect predicts passes the
+    compiled check."""
+    import itertools
+
+    key = (t.effect, t.guard, t.params)
+    if key in _PROBE_CHECKED:
+        return _PROBE_CHECKED[key]
+    ok, params = True, t.params
+    try:
+        for pre, post_pool in zip(_probe_pools(), _probe_pools(), strict=True):
+            ns = pre._namespace()
+            exec(code[0], ns)
+            for combo in itertools.product(*(_PROBE_VALUES[x] for x in params)):
+                kw = dict(zip(params, combo, strict=True))
+                if not t.guard(CONCRETE, pre.view, **kw):
+                    continue
+                post = t.effect(CONCRETE, pre.view, **kw)
+                written = {f for f in _VERIFIED_FIELDS if isinstance(getattr(post, f), Overlay)}
+                if written != code[1]:
+                    ok = False
+                    break
+                P = ns["predict"](*combo)
+                _apply(post_pool, pre, post, kw)
+                post_ns = post_pool._namespace()
+                exec(code[0], post_ns)
+                if post_ns["check"](P, *combo) is not None:
+                    ok = False
+                    break
+            if not ok:
+                break
+    except Exception:  # noqa: BLE001 - any disagreement (even a crash) means: interpret
+        ok = False
+    _PROBE_CHECKED[key] = ok
+    return ok
+
+
+def _apply(dst: BlockPool, pre: BlockPool, post: PoolState, kw: dict[str, Any]) -> None:
+    """dst := pre's arrays with the interpreted post-state's writes applied."""
+    for f in ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash", "count"):
+        getattr(dst, f)[:] = getattr(pre, f)
+    dst.queue.inq[:] = pre.queue.inq
+    dst.hmap.clear()
+    dst.hmap.update(pre.hmap)
+    dst.held.clear()
+    dst.held.update({r: set(bs) for r, bs in pre.held.items()})
+    for f in ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash", "count",
+              "queued"):
+        value = getattr(post, f)
+        if isinstance(value, Overlay):
+            arr = dst.queue.inq if f == "queued" else getattr(dst, f)
+            for k, v in value.changes().items():
+                arr[k] = v
+    if isinstance(post.hmap, Overlay):
+        for h, v in post.hmap.changes().items():
+            if v == NO_BLOCK:
+                dst.hmap.pop(h, None)
+            else:
+                dst.hmap[h] = v
+    r = kw.get("r")
+    if r is not None:
+        if not post.alive[r]:
+            dst.held.pop(r, None)
+        else:
+            dst.held.setdefault(r, set())
+            if "b" in kw:
+                if post.holds[r][kw["b"]]:
+                    dst.held[r].add(kw["b"])
+                else:
+                    dst.held[r].discard(kw["b"])
+
+
