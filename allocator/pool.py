@@ -15,6 +15,7 @@ from typing import Any
 from pagedkv.spec import (
     ALL_STATES,
     ALLOCATED,
+    BLOCK_FIELDS,
     CACHED,
     CONCRETE,
     FREE,
@@ -131,9 +132,13 @@ class BlockPool:
         self.cached_busy = 0
         # Set to a list to record every transition performed as (name, params).
         self.trace: list[tuple[str, dict[str, Any]]] | None = None
-        # Compiled spec functions for this pool's arrays (see "compiled" above); per name:
-        # (transition, guard, predict, check, touched). False: interpret everything.
+        # Compiled spec functions for this pool's arrays (see compiled.py); per name:
+        # (transition, guard, predict, check, touched, fields written). False: interpret.
         self.compile_spec = True
+        # Checked mode: the transition's own block as it was before the transition (frame).
+        self._pre: tuple[int, tuple[Any, ...]] | None = None
+        self._block_arrays = (self.state, self.ref, self.pending, self.wpend, self.filled,
+                              self.gen, self.init, self.hash, self.queue.inq)
         self._fast: dict[str, tuple[Any, ...]] = {}
         self._invs: list[tuple[str, str, Any]] | None = None
         self.view = PoolState(
@@ -170,7 +175,7 @@ class BlockPool:
     def _bind(self, name: str, t: Any) -> tuple[Any, ...]:
         """The spec's guard (and effect) of t, compiled for this pool, or interpreters."""
         view, params = self.view, t.params
-        guard = predict = check = touched = None
+        guard = predict = check = touched = written = None
         if self.compile_spec:
             ns = self._namespace()
             code = predicate_code(t.guard, params, f"guard {name}")
@@ -179,11 +184,12 @@ class BlockPool:
             code = effect_code(t.effect, params, f"effect {name}")
             if code is not None and effect_agrees(t, code):
                 exec(code[0], ns)
+                written = code[1]
                 predict, check, touched = ns["predict"], ns["check"], ns["touched"]
         if guard is None:
             def guard(*args: Any, _g: Any = t.guard) -> Any:
                 return _g(CONCRETE, view, **dict(zip(params, args, strict=True)))
-        entry = (t, guard, predict, check, touched)
+        entry = (t, guard, predict, check, touched, written)
         self._fast[name] = entry
         return entry
 
@@ -207,6 +213,11 @@ class BlockPool:
             self.trace.append((name, dict(zip(t.params, args, strict=True))))
         if not self.checked:
             return None
+        if "b" in t.params:
+            b = args[t.params.index("b")]
+            self._pre = (b, tuple(arr[b] for arr in self._block_arrays))
+        else:
+            self._pre = None
         if entry[2] is not None:
             return entry[2](*args)
         return t.effect(CONCRETE, self.view, **dict(zip(t.params, args, strict=True)))
@@ -229,7 +240,22 @@ class BlockPool:
             else:
                 detail = f"{field}[{key}] is {real!r}, the spec says {expected!r}"
             raise InvariantViolation(f"refines:{name}", detail)
+        self._check_frame(name, entry[5])
         self._check_invariants(name, entry[4](predicted))
+
+    def _check_frame(self, name: str, written: Iterable[str]) -> None:
+        """Fields of the transition's own block that the spec's effect leaves alone must be
+        unchanged (a stray side effect is a refinement failure, not just a wrong value)."""
+        if self._pre is None:
+            return
+        b, before = self._pre
+        self._pre = None
+        for field, arr, old in zip(BLOCK_FIELDS, self._block_arrays, before, strict=True):
+            if field not in written and arr[b] != old:
+                raise InvariantViolation(
+                    f"refines:{name}",
+                    f"{field}[{b}] changed from {old!r} to {arr[b]!r}; the spec leaves it",
+                )
 
     def _check_invariants(self, name: str, blocks: Iterable[int]) -> None:
         invs = self._invs
@@ -284,6 +310,10 @@ class BlockPool:
             b = params["b"]
             if self.view.holds[r][b] != bool(predicted.holds[r][b]):
                 raise InvariantViolation(f"refines:{name}", f"holds[{r!r}][{b}] differs")
+        b = params.get("b")
+        self._check_frame(name, [f for f in BLOCK_FIELDS
+                                 if isinstance(getattr(predicted, f), Overlay)
+                                 and b in getattr(predicted, f).changes()])
         self._check_invariants(name, touched_blocks)
 
     def _describe(self, params: dict[str, Any]) -> str:

@@ -309,6 +309,26 @@ def test_check_invariants_names_the_broken_invariant():
     assert info.value.invariant == "ref_matches_holders"
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_checked_mode_catches_a_wrong_effect(monkeypatch, compiled):
+    """A runtime transition that diverges from the spec's effect is caught on the spot."""
+    from pagedkv.allocator import pool as pool_module
+
+    a = BlockAllocator(4, 4, checked=True)
+    a.pool.compile_spec = compiled
+    a.add_request("a", list(range(6)))
+    real = pool_module.BlockPool._move
+
+    def off_by_one(self, b, new_state):
+        real(self, b, new_state)
+        self.gen[b] += 1  # a stray side effect
+
+    monkeypatch.setattr(pool_module.BlockPool, "_move", off_by_one)
+    with pytest.raises(InvariantViolation, match="refines:allocate.*gen"):
+        a.allocate("a", 6)
+
+
+
 def test_stats_with_attached_pool():
     class FakePool:
         num_blocks, block_size, bytes_per_block, reserved_bytes = 8, 4, 1024, 8 * 1024

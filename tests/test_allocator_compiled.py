@@ -1,0 +1,107 @@
+"""The compiled spec functions are the spec's functions: they agree with the interpreted ones,
+and the block-hash memo never changes a hash."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from pagedkv.allocator import BlockAllocator, BlockPool
+from pagedkv.allocator.compiled import predicate_agrees, predicate_code
+from pagedkv.spec import CONCRETE, INVARIANTS, NO_HASH, TRANSITIONS
+
+VALUES = {"b": range(5), "r": ("a", "b", "zz"), "w": (0, 1, 3, 4), "writes": (False, True),
+          "h": (NO_HASH, 11, 13)}
+
+
+def scrambled_pool(seed: int) -> BlockPool:
+    """Arbitrary (not necessarily reachable) array contents, from fresh seeds."""
+    rnd = random.Random(seed)
+    p = BlockPool(5, 4, checked=False)
+    n = p.num_blocks
+    p.state[:] = [rnd.randrange(6) for _ in range(n)]
+    for arr, hi in ((p.ref, 3), (p.pending, 3), (p.wpend, 3), (p.filled, 5), (p.gen, 3)):
+        arr[:] = [rnd.randrange(-1, hi) for _ in range(n)]
+    p.init[:] = [rnd.random() < 0.5 for _ in range(n)]
+    p.hash[:] = [rnd.choice((NO_HASH, 11, 12)) for _ in range(n)]
+    p.queue.inq[:] = [rnd.random() < 0.5 for _ in range(n)]
+    p.hmap.update({11: rnd.randrange(n), 12: rnd.randrange(-1, n)})
+    p.held.update({"a": {b for b in range(n) if rnd.random() < 0.5}, "b": {0}})
+    p.count[:] = [rnd.randrange(4) for _ in p.count]
+    return p
+
+
+SPEC_FUNCTIONS = [(f"guard {t.name}", t.guard, t.params) for t in TRANSITIONS.values()] + [
+    (f"invariant {i.name}", i.pred, ("b",) if i.scope == "block" else ("h",))
+    for i in INVARIANTS.values() if i.scope in ("block", "hash")
+]
+
+
+@pytest.mark.parametrize("label, fn, params", SPEC_FUNCTIONS, ids=[s[0] for s in SPEC_FUNCTIONS])
+def test_compiled_predicate_agrees_with_the_spec(label, fn, params):
+    code = predicate_code(fn, params, label)
+    assert code is not None, f"{label} did not compile (it would run interpreted)"
+    assert predicate_agrees(fn, params, code)
+    for seed in range(100, 130):
+        pool = scrambled_pool(seed)
+        compiled = eval(code, pool._namespace())  # noqa: S307 - our own generated source
+        for combo in itertools.product(*(VALUES[p] for p in params)):
+            want = bool(fn(CONCRETE, pool.view, **dict(zip(params, combo, strict=True))))
+            assert bool(compiled(*combo)) == want, (label, seed, combo)
+
+
+def test_interpreted_and_compiled_allocators_agree():
+    """The same workload through a compiled and an interpreted checked pool."""
+    runs = []
+    for compiled in (True, False):
+        a = BlockAllocator(12, 4)
+        a.pool.compile_spec = compiled
+        a.pool.trace = []
+        a.add_request("a", list(range(13)))
+        a.allocate("a", 13)
+        a.publish(["a"]).complete()
+        a.commit("a", 13)
+        a.fork("a", "b")
+        a.append_tokens("b", [1])
+        a.allocate("b", 14)
+        launch = a.publish(["b"])
+        a.free("a")
+        launch.complete()
+        a.free("b")
+        a.check_invariants()
+        runs.append((a.pool.trace, a.abstract().pool.flattened()))
+    from pagedkv.spec import states_equal
+
+    assert runs[0][0] == runs[1][0]
+    assert states_equal(runs[0][1], runs[1][1]) == []
+
+
+def test_weakened_guard_replaces_the_compiled_one(monkeypatch):
+    import dataclasses
+
+    from pagedkv.allocator import DoubleFree
+
+    a = BlockAllocator(4, 4, checked=False)
+    a.add_request("a", list(range(4)))
+    b0 = a.allocate("a", 4)[0]
+    a.pool.release(b0, "a")  # legitimate, and binds the compiled guard
+    t = TRANSITIONS["release"]
+    monkeypatch.setitem(TRANSITIONS, "release",
+                        dataclasses.replace(t, guard=lambda ops, s, b, r: ops.And(b >= 0)))
+    a.pool.release(b0, "a")  # the weakened guard is what runs now: the double free goes through
+    assert a.pool.ref[b0] == -1
+    monkeypatch.setitem(TRANSITIONS, "release", t)
+    with pytest.raises(DoubleFree):
+        a.pool.release(b0, "a")
+
+
+def test_hash_memo_never_changes_a_hash():
+    tokens = [random.Random(7).randrange(1000) for _ in range(64)]
+    memo_on, memo_off = BlockAllocator(16, 4), BlockAllocator(16, 4)
+    memo_off._hash_memo = None
+    for a in (memo_on, memo_off):
+        a.add_request("x", tokens, cache_salt="s", extra_keys=[3])
+        a.add_request("y", tokens, cache_salt="s", extra_keys=[3])  # memo hits
+    assert memo_on._req("y").hashes == memo_off._req("y").hashes == memo_off._req("x").hashes
