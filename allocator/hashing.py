@@ -9,6 +9,7 @@ the same bytes, whatever strings they carry (see ``encode_fields``).
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -62,11 +63,14 @@ def decode_fields(data: bytes) -> list[tuple[int, bytes]]:
 
 
 def encode_tokens(token_ids: Sequence[int]) -> bytes:
-    """Token ids as fixed-width signed 8-byte integers."""
+    """Token ids as fixed-width signed 8-byte big-endian integers.
+
+    post: len(__return__) == 8 * len(token_ids)
+    """
     try:
-        return b"".join(int(t).to_bytes(8, "big", signed=True) for t in token_ids)
-    except OverflowError as exc:
-        raise InvalidArgument(f"token id out of 64-bit range: {exc}") from None
+        return struct.pack(f">{len(token_ids)}q", *token_ids)
+    except struct.error as exc:
+        raise InvalidArgument(f"token id not a 64-bit integer: {exc}") from None
 
 
 def encode_extra_key(key: Any) -> tuple[int, bytes]:
