@@ -478,6 +478,77 @@ def _canaries() -> str | None:
     return f"canaries: not caught: {', '.join(missed)}"
 
 
+def _original_module(m: Mutant, root: Path) -> Any:
+    """The unmutated module, loaded beside the mutated one (same package, other name)."""
+    import types
+
+    pkg = m.module.rpartition(".")[0]
+    mod = types.ModuleType(m.module + "__original")
+    mod.__package__ = pkg
+    path = root / m.file
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up
+    exec(compile(path.read_bytes(), str(path), "exec"), mod.__dict__)
+    return mod
+
+
+def _z3_equivalence(m: Mutant, root: Path) -> tuple[str, str] | None:
+    """For a surviving spec mutant: is it equivalent on every state the invariants allow?
+
+    transitions.py: each transition's guard is the same term, and under the guard its effect is
+    the same post-state, on every bounded pool (3 blocks, 3 holders) that satisfies every
+    invariant. invariants.py: the conjunction of all invariants is the same predicate on those
+    pools (a weakened invariant is then implied by the others). None if not proved."""
+    import z3
+
+    from pagedkv.proofs.induction import PROVED, build_frame, solve
+    from pagedkv.proofs.z3_model import DEFAULT_BOUNDED, bounded_state, instance
+    from pagedkv.spec.model import ARRAY_FIELDS
+
+    orig = _original_module(m, root)
+    if m.file == "spec/transitions.py":
+        from pagedkv.spec.invariants import INVARIANTS
+
+        mut = sys.modules[m.module]
+        for name, t in orig.TRANSITIONS.items():
+            tm = mut.TRANSITIONS[name]
+            fr = build_frame("bounded", t, INVARIANTS, DEFAULT_BOUNDED)
+            g0 = t.guard(fr.ops, fr.s, **fr.params)
+            g1 = tm.guard(fr.ops, fr.s, **fr.params)
+            if solve(fr.hyps + [g0 != g1], 20000)[0] != PROVED:
+                return None
+            p0 = t.effect(fr.ops, fr.s, **fr.params)
+            p1 = tm.effect(fr.ops, fr.s, **fr.params)
+            same = z3.And(*[getattr(p0, f) == getattr(p1, f) for f in ARRAY_FIELDS])
+            if solve(fr.hyps + [g0, z3.Not(same)], 20000)[0] != PROVED:
+                return None
+        return (EQUIV, "z3: every guard and effect unchanged on all pools that satisfy the "
+                       "invariants (bounded, 3 blocks / 3 holders)")
+    if m.file == "spec/invariants.py":
+        from pagedkv.spec.ops import Z3Ops
+
+        mut = sys.modules[m.module]
+        if any(inv.pred.__name__ == m.function for inv in orig.INVARIANTS.values()
+               if inv.scope == "table"):
+            return None  # table invariants are not in the z3 model
+        s, dom = bounded_state(DEFAULT_BOUNDED, "eq_")
+        ops = Z3Ops()
+        pts = {"block": list(range(DEFAULT_BOUNDED.blocks)),
+               "hash": list(DEFAULT_BOUNDED.hashes),
+               "holder": list(range(DEFAULT_BOUNDED.holders)), "pool": [None]}
+
+        def conj(invs: Any) -> Any:
+            return z3.And(*[instance(ops, inv, s, p) for inv in invs.values()
+                            if inv.scope != "table" for p in pts[inv.scope]])
+
+        if solve(list(dom) + [conj(orig.INVARIANTS) != conj(mut.INVARIANTS)], 20000)[0] \
+                != PROVED:
+            return None
+        return (EQUIV, "z3: the conjunction of the invariants is unchanged (the weakened "
+                       "part is implied by the other invariants; bounded, 3 blocks / 3 "
+                       "holders)")
+    return None
+
+
 def stages(kind: str, root: Path, quick: bool, max_stages: int | None = None
            ) -> list[tuple[str, Callable[[], str | None]]]:
     kill_tests = sorted(str(p.relative_to(root)) for p in (root / "tests").glob("test_kill_*.py"))
@@ -510,6 +581,14 @@ def run_mutant(m: Mutant | None, root: Path, quick: bool, max_stages: int | None
             found = f"{name}: {type(exc).__name__}: {str(exc)[:120]}"
         if found:
             return KILLED, f"[{name}] {found}"
+    if m is not None and m.kind == "spec" and max_stages is None:
+        try:
+            eq = _z3_equivalence(m, root)
+        except Exception as exc:  # noqa: BLE001 - no proof of equivalence
+            eq = None
+            return SURVIVED, f"equivalence check failed: {type(exc).__name__}: {exc}"[:200]
+        if eq:
+            return eq
     return SURVIVED, ""
 
 

@@ -1,0 +1,163 @@
+"""Kills mutants of allocator/pool.py: checked mode notices, for every transition, a runtime
+effect that differs from the spec's; the busy-cached accounting behind ``usable()``; the
+read-only views the interpreted guards use."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pagedkv.allocator import BlockAllocator, DoubleFree, InvariantViolation, PublishError
+from pagedkv.allocator.pool import BlockPool
+from pagedkv.spec import CACHED, RECLAIMED, TRANSITIONS
+
+STEPS = [
+    ("open_holder", lambda p: p.open_holder("r")),
+    ("allocate", lambda p: p.allocate(0, "r")),
+    ("publish", lambda p: p.publish(0, "r")),
+    ("begin_access", lambda p: p.begin_access(0, "r", 1)),
+    ("end_access", lambda p: p.end_access(0, True)),
+    ("commit", lambda p: p.commit(0, "r", 7)),
+    ("open_holder", lambda p: p.open_holder("s")),
+    ("share", lambda p: p.share(0, "s")),
+    ("release", lambda p: p.release(0, "s")),
+    ("release", lambda p: p.release(0, "r")),
+    ("close_holder", lambda p: p.close_holder("s")),
+    ("evict", lambda p: p.evict(0)),
+    ("recycle", lambda p: p.recycle(0)),
+]
+
+
+def _pool(compiled: bool) -> BlockPool:
+    p = BlockPool(3, 1, checked=True)
+    if hasattr(p, "compile_spec"):
+        p.compile_spec = compiled
+    return p
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_steps_are_legal(compiled):
+    p = _pool(compiled)
+    for _, call in STEPS:
+        call(p)
+    assert p.state[0] == 0 and p.structure_errors() == []
+
+
+def _skewed(name: str):
+    """The spec's effect of ``name`` plus one extra write the runtime does not perform."""
+    t = TRANSITIONS[name]
+
+    def effect(ops, s, **kw):
+        post = t.effect(ops, s, **kw)
+        if "b" in kw:
+            b = kw["b"]
+            return post.replace(gen=ops.store(post.gen, b, post.gen[b] + 1))
+        r = kw["r"]
+        return post.replace(nheld=ops.store(post.nheld, r, post.nheld[r] + 5))
+
+    return dataclasses.replace(t, effect=effect)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("name", sorted({n for n, _ in STEPS}))
+def test_checked_mode_catches_a_runtime_that_differs_from_the_spec(monkeypatch, name,
+                                                                   compiled):
+    p = _pool(compiled)
+    first = next(i for i, (n, _) in enumerate(STEPS) if n == name)
+    for _, call in STEPS[:first]:
+        call(p)
+    monkeypatch.setitem(TRANSITIONS, name, _skewed(name))
+    with pytest.raises(InvariantViolation, match=f"refines:{name}"):
+        STEPS[first][1](p)
+
+
+def _reader_of_cached_prefix():
+    """Request a's two full blocks are committed; a decode launch reading them is in flight
+    when a is freed: the blocks are CACHED but busy."""
+    a = BlockAllocator(6, 2)
+    a.add_request("a", [1, 2, 3, 4, 5])
+    a.allocate("a", 5)
+    a.publish(["a"]).complete()
+    a.commit("a", 5)
+    a.append_tokens("a", [6])
+    a.allocate("a", 6)
+    launch = a.publish(["a"])
+    a.free("a")
+    return a, launch
+
+
+def _usable_by_scan(a):
+    p = a.pool
+    return sum(1 for b in range(a.num_blocks)
+               if p.state[b] == 0 or (p.state[b] == CACHED and p.pending[b] == 0))
+
+
+def test_busy_cached_blocks_are_not_usable_until_the_launch_completes():
+    a, launch = _reader_of_cached_prefix()
+    p = a.pool
+    assert [p.state[b] for b in range(6)].count(CACHED) == 2
+    assert p.usable() == _usable_by_scan(a) == 3
+    assert a.stats()["allocatable_now"] == 3
+    assert p.structure_errors() == []
+    launch.complete()
+    assert p.usable() == _usable_by_scan(a) == 6
+    assert p.structure_errors() == []
+
+
+def test_reviving_a_busy_cached_block():
+    a, launch = _reader_of_cached_prefix()
+    p = a.pool
+    a.add_request("b", [1, 2, 3, 4, 9])
+    a.allocate("b", 5)  # hits both cached blocks, still read by the launch
+    assert p.usable() == _usable_by_scan(a)
+    assert p.structure_errors() == []
+    launch.complete()
+    assert p.usable() == _usable_by_scan(a)
+    assert p.structure_errors() == []
+    a.free("b")
+    assert p.usable() == _usable_by_scan(a) and p.structure_errors() == []
+
+
+def test_evicting_a_busy_cached_block():
+    a, launch = _reader_of_cached_prefix()
+    p = a.pool
+    cached = [b for b in range(6) if p.state[b] == CACHED]
+    p.evict(cached[0])
+    assert p.state[cached[0]] == RECLAIMED
+    assert p.usable() == _usable_by_scan(a) and p.structure_errors() == []
+    launch.complete()  # the reclaimed block becomes FREE now
+    assert p.state[cached[0]] == 0
+    assert p.usable() == _usable_by_scan(a) and p.structure_errors() == []
+
+
+def test_a_cached_block_read_then_completed_is_idle():
+    a = BlockAllocator(4, 2)
+    a.add_request("a", [1, 2, 3])
+    a.allocate("a", 3)
+    a.publish(["a"]).complete()
+    a.commit("a", 3)
+    launch = a.publish(["a"])  # reads the committed block again (no new positions)
+    a.free("a")
+    p = a.pool
+    assert p.usable() == _usable_by_scan(a) == 2
+    launch.complete()
+    assert p.usable() == _usable_by_scan(a) == 4
+    assert p.structure_errors() == []
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_unknown_holders_are_refused_typed(compiled):
+    p = _pool(compiled)
+    p.open_holder("r")
+    p.allocate(0, "r")
+    with pytest.raises(DoubleFree):
+        p.release(0, "ghost")
+    with pytest.raises(PublishError):
+        p.publish(0, "ghost")
+    with pytest.raises(PublishError):
+        p.begin_access(0, "ghost", 0)
+    p.publish(0, "r")
+    p.release(0, "r")
+    p.close_holder("r")
+    assert p.state[0] == 0 and p.structure_errors() == []
