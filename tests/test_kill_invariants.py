@@ -1,0 +1,153 @@
+"""Kills weakened-invariant mutants of spec/invariants.py: every conjunct of every invariant
+rejects a state corrupted in exactly that respect (and the uncorrupted state, reached by a
+real allocator, has no violation)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedkv.allocator import BlockAllocator
+from pagedkv.spec import (
+    ALLOCATED,
+    CACHED,
+    CONCRETE,
+    FREE,
+    NO_BLOCK,
+    NO_HASH,
+    PUBLISHED,
+    REFERENCED,
+    TableView,
+    violations,
+)
+
+
+def _reached():
+    """B = 2, 6 blocks: a's blocks 0, 1 REFERENCED, block 2 PUBLISHED with a write pending
+    (all three read by a launch in flight); c's committed block CACHED; d allocated only."""
+    a = BlockAllocator(6, 2)
+    a.add_request("a", [1, 2, 3, 4, 5])
+    a.allocate("a", 5)
+    a.publish(["a"]).complete()
+    a.commit("a", 5)
+    a.append_tokens("a", [6])
+    a.allocate("a", 6)
+    launch = a.publish(["a"])
+    a.add_request("c", [9, 9, 9])
+    a.allocate("c", 3)
+    a.publish(["c"]).complete()
+    a.commit("c", 3)
+    a.free("c")
+    a.add_request("d", [7])
+    a.allocate("d", 1)
+    abst = a.abstract()
+    return a, launch, abst.pool, {t.holder: t for t in abst.tables}
+
+
+A, LAUNCH, S, TABLES = _reached()
+B0, B1, B2 = TABLES["a"].entries
+CACHED_B = next(b for b in range(6) if S.state[b] == CACHED)
+FREE_B = next(b for b in range(6) if S.state[b] == FREE)
+ALLOC_B = TABLES["d"].entries[0]
+H0 = S.hash[B0]
+
+
+def st(s, **fields):
+    """s with array entries overwritten: field=[(key, value), ...]."""
+    out = {}
+    for f, writes in fields.items():
+        arr = getattr(s, f)
+        for k, v in writes:
+            arr = CONCRETE.store(arr, k, v)
+        out[f] = arr
+    return s.replace(**out)
+
+
+def names(s, tables=None):
+    return {n for n, _ in violations(s, tables if tables is not None else TABLES.values())}
+
+
+def test_the_reached_state_is_clean():
+    assert S.state[B0] == S.state[B1] == REFERENCED and S.state[B2] == PUBLISHED
+    assert S.wpend[B2] == 1 and S.pending[B0] == 1
+    assert S.state[ALLOC_B] == ALLOCATED and TABLES["d"].computed == 0
+    assert names(S) == set()
+
+
+CASES = {
+    "conservation: counts sum to the pool size": (
+        lambda: S.replace(num_blocks=7), "conservation"),
+    "conservation: exact per-state counts": (
+        lambda: st(S, count=[(FREE, S.count[FREE] + 1), (CACHED, S.count[CACHED] - 1)]),
+        "conservation"),
+    "ref > 0 iff held": (lambda: st(S, ref=[(CACHED_B, 1)]), "ref_positive_iff_held"),
+    "ALLOCATED has ref 1": (lambda: st(S, ref=[(ALLOC_B, 2)]), "ref_positive_iff_held"),
+    "no pending when FREE": (lambda: st(S, pending=[(FREE_B, 1)]), "no_pending_when_free"),
+    "writing >= 0": (lambda: st(S, wpend=[(FREE_B, -1)]), "no_pending_when_free"),
+    "writing <= pending": (lambda: st(S, wpend=[(B2, 2)]), "no_pending_when_free"),
+    "hash iff REFERENCED/CACHED": (
+        lambda: st(S, hash=[(FREE_B, 99)], hmap=[(99, FREE_B)]), "hash_map_agrees"),
+    "the map points back": (lambda: st(S, hmap=[(H0, NO_BLOCK)]), "hash_map_agrees"),
+    "no entry for NO_HASH": (lambda: st(S, hmap=[(NO_HASH, FREE_B)]), "one_block_per_hash"),
+    "map target >= 0": (lambda: st(S, hmap=[(77, -5)], hash=[(-5, 77)]),
+                        "one_block_per_hash"),
+    "map target < num_blocks": (lambda: st(S, hmap=[(77, 6)], hash=[(6, 77)]),
+                                "one_block_per_hash"),
+    "map target carries the hash": (lambda: st(S, hmap=[(77, FREE_B)]), "one_block_per_hash"),
+    "cached blocks are full": (lambda: st(S, filled=[(B0, 1)]), "cached_blocks_written"),
+    "cached blocks have no write pending": (
+        lambda: st(S, wpend=[(B0, 1)]), "cached_blocks_written"),
+    "filled >= 0": (lambda: st(S, filled=[(B2, -1)]), "exclusive_writes"),
+    "filled <= B": (lambda: st(S, filled=[(B2, 3)]), "exclusive_writes"),
+    "FREE blocks are empty": (lambda: st(S, filled=[(FREE_B, 1)]), "exclusive_writes"),
+    "only exclusive PUBLISHED blocks are written": (
+        lambda: st(S, wpend=[(B0, 1)]), "exclusive_writes"),
+    "a written PUBLISHED block has ref 1": (
+        lambda: st(S, ref=[(B2, 2)]), "exclusive_writes"),
+    "nheld counts what is held": (
+        lambda: st(S, nheld=[("a", 4)]), "holders_consistent"),
+    "dead holders hold nothing": (
+        lambda: st(S, nheld=[("zz", 1)], holds=[("zz", CONCRETE.store(S.holds["zz"],
+                                                                      FREE_B, True))]
+                   ).replace(holder_ids=tuple(S.holder_ids) + ("zz",)),
+        "holders_consistent"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_conjunct_catches_its_corruption(case):
+    make, inv = CASES[case]
+    assert inv in names(make()), case
+
+
+def _t(holder="a", **kw):
+    t = TABLES[holder]
+    fields = dict(holder=t.holder, entries=t.entries, reserved=t.reserved,
+                  computed=t.computed, chain=t.chain)
+    fields.update(kw)
+    return TableView(**fields)
+
+
+TABLE_CASES = {
+    "covers reserved": (_t(reserved=7), "table_covers_reserved"),
+    "no spare block": (_t(reserved=4, computed=4), "table_covers_reserved"),
+    "computed >= 0": (_t(computed=-1), "table_covers_reserved"),
+    "computed <= reserved": (_t(computed=7), "table_covers_reserved"),
+    "holder alive": (TableView("zz", (), 0, 0, ()), "table_distinct_and_held"),
+    "entry count = nheld": (_t(entries=(B0, B1), reserved=4, computed=4),
+                            "table_distinct_and_held"),
+    "entries distinct": (_t(entries=(B0, B0, B1)), "table_distinct_and_held"),
+    "entries held": (_t(entries=(B0, B1, FREE_B)), "table_distinct_and_held"),
+    "own chain hash": (_t(chain=(H0 + 1,) + tuple(TABLES["a"].chain[1:])), "table_isolation"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TABLE_CASES))
+def test_each_table_conjunct_catches_its_corruption(case):
+    table, inv = TABLE_CASES[case]
+    assert inv in names(S, [table]), case
+    assert names(S, [TABLES[table.holder]] if table.holder in TABLES else []) == set()
+
+
+def test_teardown_launch():
+    LAUNCH.complete()
+    A.check_invariants()
