@@ -1,0 +1,222 @@
+"""Kills mutants of the request layer (allocator/allocator.py): admission arithmetic with
+prefix hits, commit and allocate boundaries, the hash memo, fork and copy-on-write."""
+
+from __future__ import annotations
+
+import pytest
+
+import pagedkv.allocator.allocator as allocator_module
+from pagedkv.allocator import (
+    BlockAllocator,
+    CommitError,
+    OutOfBlocks,
+)
+from pagedkv.allocator.hashing import chain_hashes
+from pagedkv.spec import CACHED, FREE, states_equal
+
+
+def step(a, rid, n):
+    """Cover n positions, launch, complete, commit."""
+    a.allocate(rid, n)
+    a.publish([rid]).complete()
+    a.commit(rid, n)
+
+
+def snap(a):
+    ab = a.abstract()
+    return ab.pool, ab.tables
+
+
+def unchanged(a, before):
+    pool, tables = snap(a)
+    assert states_equal(before[0], pool) == [] and before[1] == tables
+
+
+def test_same_size_allocate_and_commit_are_no_ops():
+    a = BlockAllocator(4, 2)
+    a.add_request("r", [1, 2, 3])
+    assert a.allocate("r", 3) == a.allocate("r", 3)
+    a.publish(["r"]).complete()
+    a.commit("r", 3)  # exactly what was issued
+    a.commit("r", 3)  # again: nothing new
+    assert a.num_computed("r") == 3
+    a.check_invariants()
+
+
+def test_allocating_exactly_the_free_blocks():
+    a = BlockAllocator(3, 2)
+    a.add_request("r", [1] * 6)
+    assert len(a.allocate("r", 6)) == 3
+    a.add_request("s", [2])
+    with pytest.raises(OutOfBlocks):
+        a.allocate("s", 1)
+
+
+def _cached_prefix(num_blocks):
+    """'a' committed 2 full blocks (B = 2) and finished: they are CACHED."""
+    a = BlockAllocator(num_blocks, 2)
+    a.add_request("a", [1, 2, 3, 4, 5])
+    step(a, "a", 5)
+    a.free("a")
+    return a
+
+
+def test_prefix_hits_do_not_count_as_needed_blocks():
+    a = _cached_prefix(3)  # 2 CACHED + 1 FREE
+    a.add_request("b", [1, 2, 3, 4, 5])
+    assert a.allocate("b", 5)[:2] == [b for b in range(3) if a.state(b) != FREE][:2]
+    assert a.stats()["free"] == 0
+    a.check_invariants()
+
+
+def test_revived_hits_are_not_available_for_new_blocks():
+    a = _cached_prefix(3)  # 2 CACHED + 1 FREE; b hits both and needs 2 more
+    a.add_request("b", [1, 2, 3, 4, 5, 6, 7])
+    before = snap(a)
+    with pytest.raises(OutOfBlocks):
+        a.allocate("b", 7)
+    unchanged(a, before)
+
+
+def test_busy_cached_hits_are_not_counted_as_revived():
+    """A cached hit still read by a launch is not usable anyway: reviving it frees nothing."""
+    a = BlockAllocator(4, 2)
+    a.add_request("a", [1, 2, 3, 4, 5])
+    step(a, "a", 5)
+    a.append_tokens("a", [6])
+    a.allocate("a", 6)
+    launch = a.publish(["a"])  # reads blocks 0, 1
+    a.free("a")  # 2 busy CACHED, 1 reclaimed pending, 1 FREE
+    a.add_request("b", [1, 2, 3, 4, 5])
+    assert len(a.allocate("b", 5)) == 3  # 2 hits + the FREE block
+    launch.complete()
+    a.check_invariants()
+
+
+def test_distinct_prompts_never_hit_and_hashes_are_the_chain():
+    a = _cached_prefix(6)
+    cached = {b for b in range(6) if a.state(b) == CACHED}
+    assert len(cached) == 2
+    a.add_request("x", [8, 2, 9, 9, 9])
+    assert cached.isdisjoint(a.allocate("x", 5))
+    assert a._requests["x"].hashes == chain_hashes([8, 2, 9, 9, 9], 2)
+    a.add_request("y", [1, 2, 3, 4, 5])
+    t = a.allocate("y", 5)
+    assert [a.ref_count(b) for b in t[:2]] == [1, 1]
+    assert a._requests["y"].hashes == chain_hashes([1, 2, 3, 4, 5], 2)
+    a.check_invariants()
+
+
+def test_hash_memo_is_used_and_bounded(monkeypatch):
+    monkeypatch.setattr(allocator_module, "_HASH_MEMO_MAX", 3)
+    a = BlockAllocator(8, 1)
+    a.add_request("r", [1, 2])
+    assert len(a._hash_memo) == 2
+    a.add_request("s", [1, 2])
+    assert len(a._hash_memo) == 2 and a._requests["s"].hashes == a._requests["r"].hashes
+    a.add_request("t", [5, 6, 7, 8])
+    assert 1 <= len(a._hash_memo) <= 3
+    assert a._requests["t"].hashes == chain_hashes([5, 6, 7, 8], 1)
+
+
+def test_commit_needs_the_tokens_of_full_blocks():
+    a = BlockAllocator(4, 2)
+    a.add_request("r", [1])
+    a.allocate("r", 4)
+    a.publish(["r"]).complete()
+    before = snap(a)
+    with pytest.raises(CommitError):
+        a.commit("r", 4)
+    unchanged(a, before)
+    a.append_tokens("r", [2, 3, 4])
+    a.commit("r", 4)
+    a.add_request("s", [1, 2, 3, 4, 5])
+    assert a.add_request("t", [1, 2, 3, 4, 5]) == 4  # both blocks are in the prefix cache
+
+
+def test_commit_registers_published_blocks_once():
+    a = BlockAllocator(6, 2)
+    a.add_request("r", [1, 2, 3, 4, 5])
+    step(a, "r", 5)
+    assert a.add_request("s", [1, 2, 3, 4, 5]) == 4
+    a.append_tokens("r", [6])
+    step(a, "r", 6)
+    a.check_invariants()
+
+
+def test_fork_shares_published_blocks_and_refuses_bad_children():
+    a = BlockAllocator(8, 2)
+    a.add_request("p", [1, 2, 3])
+    step(a, "p", 3)
+    c = a.fork("p", "c")
+    assert c == a.block_table("p")
+    assert [a.ref_count(b) for b in c] == [2, 2]
+    a.check_invariants()
+    a.free("c")
+    assert [a.ref_count(b) for b in a.block_table("p")] == [1, 1]
+    a.check_invariants()
+
+
+def test_fork_of_unpublished_blocks_takes_fresh_ones():
+    a = BlockAllocator(8, 2)
+    a.add_request("p", [1, 2, 3])
+    a.allocate("p", 3)
+    c = a.fork("p", "c")
+    assert set(c).isdisjoint(a.block_table("p")) and len(c) == 2
+    a.check_invariants()
+
+
+def test_fork_refused_while_a_write_is_pending_changes_nothing():
+    a = BlockAllocator(8, 2)
+    a.add_request("p", [1, 2, 3])
+    a.allocate("p", 3)
+    launch = a.publish(["p"])
+    before = snap(a)
+    with pytest.raises(Exception) as exc:
+        a.fork("p", "c")
+    assert "share" in str(exc.value)
+    unchanged(a, before)
+    assert "c" not in a.requests
+    launch.complete()
+
+
+def test_copy_on_write_only_for_shared_partial_blocks():
+    a = BlockAllocator(8, 2)
+    a.add_request("p", [1, 2, 3])
+    step(a, "p", 3)
+    launch = a.publish(["p"])  # nothing new to write: no copy
+    assert len(launch.copies) == 0
+    launch.complete()
+    a.append_tokens("p", [4])
+    a.allocate("p", 4)
+    launch = a.publish(["p"])  # writes its own unshared partial block: no copy
+    assert len(launch.copies) == 0
+    launch.complete()
+    a.commit("p", 4)
+    a.append_tokens("p", [5])
+    a.allocate("p", 5)
+    a.publish(["p"]).complete()
+    a.commit("p", 5)
+    a.fork("p", "c")
+    a.append_tokens("c", [6])
+    a.allocate("c", 6)
+    launch = a.publish(["c"])  # shared partial block: copied
+    assert len(launch.copies) == 1
+    launch.complete()
+    a.check_invariants()
+
+
+def test_copy_on_write_with_exactly_one_free_block():
+    a = BlockAllocator(4, 2)
+    a.add_request("p", [1, 2, 3])
+    step(a, "p", 3)
+    a.fork("p", "c")
+    a.append_tokens("c", [6])
+    a.allocate("c", 4)
+    a.add_request("q", [7])
+    a.allocate("q", 1)  # leaves exactly one FREE block for the copy
+    assert a.stats()["free"] == 1
+    launch = a.publish(["c"])
+    assert len(launch.copies) == 1
+    launch.complete()
+    a.check_invariants()
