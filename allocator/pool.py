@@ -438,6 +438,8 @@ class BlockPool:
 
     def evict(self, b: int) -> None:
         """spec: evict — CACHED -> RECLAIMED; the hash is dropped."""
+        if type(b) is not int or not 0 <= b < self.num_blocks:
+            self.check_block_id(b)
         predicted = self._enter("evict", b)
         self.queue.unlink(b)
         if self.pending[b] > 0:
@@ -449,6 +451,8 @@ class BlockPool:
 
     def recycle(self, b: int) -> None:
         """spec: recycle — RECLAIMED -> FREE, to the head of the queue (reused first)."""
+        if type(b) is not int or not 0 <= b < self.num_blocks:
+            self.check_block_id(b)
         predicted = self._enter("recycle", b)
         self._move(b, FREE)
         self.queue.push_head(b)
