@@ -10,6 +10,8 @@ first, stopping at the first failure:
 
 1. ``pytest -x`` over the fast tests (allocator API, spec lint, ``tests/test_kill_*.py``);
 2. spec mutants: the z3 obligations (induction symbolic + bounded, safety, non-vacuity);
+   then a z3 equivalence check (``_z3_equivalence``): a mutant proved equivalent on every
+   pool the invariants allow is reported ``equivalent`` and skips the slower stages;
 3. ``tests/test_stateful.py`` with ``HYPOTHESIS_PROFILE=mutation`` (derandomized, no shrink);
 4. spec mutants: ``proofs.runner.run_all(quick=True)`` (explorer and BMC too);
 5. the CI canaries (``proofs/canaries.py``: planted bugs must still be caught, and not
@@ -582,14 +584,17 @@ def _z3_equivalence(m: Mutant, root: Path) -> tuple[str, str] | None:
     return None
 
 
-def stages(kind: str, root: Path, quick: bool, max_stages: int | None = None
-           ) -> list[tuple[str, Callable[[], str | None]]]:
+def stages(kind: str, root: Path, quick: bool, max_stages: int | None = None,
+           m: Mutant | None = None) -> list[tuple[str, Callable[[], Any]]]:
     kill_tests = sorted(str(p.relative_to(root)) for p in (root / "tests").glob("test_kill_*.py"))
-    out: list[tuple[str, Callable[[], str | None]]] = [
+    out: list[tuple[str, Callable[[], Any]]] = [
         ("fast tests", lambda: _pytest(root, [*FAST_TESTS, *kill_tests])),
     ]
     if kind == "spec":
         out.append(("z3 obligations", _z3_obligations))
+        if m is not None and max_stages is None:
+            # proved equivalent: no test can kill it, skip the slow stages
+            out.append(("z3 equivalence", lambda: _z3_equivalence(m, root)))
     out.append(("stateful", lambda: _pytest(root, list(STATEFUL_TESTS))))
     if kind == "spec" and not quick:
         out.append(("run_all quick", _run_all_quick))
@@ -620,7 +625,7 @@ def run_mutant(m: Mutant | None, root: Path, quick: bool, max_stages: int | None
         raise _StageTimeout
 
     signal.signal(signal.SIGALRM, hang)
-    for i, (name, stage) in enumerate(stages(kind, root, quick, max_stages)):
+    for i, (name, stage) in enumerate(stages(kind, root, quick, max_stages, m)):
         signal.alarm(FAST_STAGE_LIMIT_S if i == 0 else 0)
         try:
             found = stage()
@@ -631,16 +636,12 @@ def run_mutant(m: Mutant | None, root: Path, quick: bool, max_stages: int | None
             found = f"{name}: {type(exc).__name__}: {str(exc)[:120]}"
         finally:
             signal.alarm(0)
+        if isinstance(found, tuple):  # (EQUIV, reason)
+            return found
         if found:
+            if name == "z3 equivalence":  # the check itself failed: no verdict
+                continue
             return KILLED, f"[{name}] {found}"
-    if m is not None and m.kind == "spec" and max_stages is None:
-        try:
-            eq = _z3_equivalence(m, root)
-        except Exception as exc:  # noqa: BLE001 - no proof of equivalence
-            eq = None
-            return SURVIVED, f"equivalence check failed: {type(exc).__name__}: {exc}"[:200]
-        if eq:
-            return eq
     return SURVIVED, ""
 
 
