@@ -768,9 +768,10 @@ def summarize(mutants: list[Mutant]) -> dict[str, Any]:
 
 
 def build_report(mutants: list[Mutant], *, root: Path, commit: str, dirty: list[str],
-                 quick: bool, timeout: float, seconds: float, baseline: tuple[str, str, float]
-                 ) -> dict[str, Any]:
+                 quick: bool, timeout: float, seconds: float, baseline: tuple[str, str, float],
+                 carried: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
+        "carried_over": carried or {},
         "tool": "python -m pagedkv.proofs.mutation",
         "commit": commit,
         "dirty_files": dirty,
@@ -807,6 +808,13 @@ def to_markdown(rep: dict[str, Any]) -> str:
         f"{s['mutants']} mutants in all" + (f"; PARTIAL: {s['pending']} not run yet"
                                             if s["pending"] else "") + ").",
         "",
+    ]
+    c = rep.get("carried_over") or {}
+    if c:
+        lines += [f"Verdicts of {c['keys']} killed mutants carried over (same file, function, "
+                  f"operator and mutated line) from the run at commit `{c['from_commit']}`; "
+                  "the others ran at the commit above.", ""]
+    lines += [
         "Kill suite stages (first failure wins): " + ", ".join(rep["stages"]) + ".",
         f"Baseline (no mutant): {rep['baseline']['status']} "
         f"({rep['baseline']['seconds']} s) {rep['baseline']['detail']}",
@@ -900,6 +908,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--file", action="append", help="only these target files (repeatable)")
     ap.add_argument("--ids", default=None, help="only these mutant ids (e.g. 3,7,10-12)")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the killed/timeout verdicts of the report at --out (same "
+                         "mutant key) and run only the other mutants")
     ap.add_argument("--max-stages", type=int, default=None,
                     help="triage: run only the first N stages (survivors are not final)")
     a = ap.parse_args(argv)
@@ -920,10 +931,24 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         dirty = _dirty(REPO, [t.path for t in TARGETS]) if a.rev is None else []
         t0 = time.perf_counter()
-        todo = [m for m in mutants if m.key not in EQUIVALENT]
+        carried: dict[str, Any] = {}
+        if a.update:
+            prev_path = Path(a.out) if Path(a.out).is_absolute() else REPO / a.out
+            prev = json.loads(prev_path.read_text())
+            done_before = {m["key"]: m for m in prev["mutants"]
+                           if m["status"] in (KILLED, TIMEOUT)}
+            carried = {"from_commit": prev["commit"], "keys": 0}
+        todo = []
         for m in mutants:
             if m.key in EQUIVALENT:
                 m.status, m.killer = EQUIV, EQUIVALENT[m.key]
+            elif a.update and m.key in done_before:
+                old = done_before[m.key]
+                m.status, m.seconds = old["status"], old["seconds"]
+                m.killer = f"{old['killer']} (at {prev['commit'][:12]})"
+                carried["keys"] += 1
+            else:
+                todo.append(m)
 
         def say(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)
@@ -953,7 +978,8 @@ def main(argv: list[str] | None = None) -> int:
             if done[0] % 25 == 0:  # a partial report while the run goes on
                 write(build_report(mutants, root=root, commit=commit, dirty=dirty,
                                    quick=a.quick, timeout=a.timeout,
-                                   seconds=time.perf_counter() - t0, baseline=first[0]))
+                                   seconds=time.perf_counter() - t0, baseline=first[0],
+                                   carried=carried))
 
         baseline, *results = run_mutants([None, *todo], root, jobs=a.jobs, timeout=a.timeout,
                                          quick=a.quick, progress=say,
@@ -964,7 +990,7 @@ def main(argv: list[str] | None = None) -> int:
             m.status, m.killer, m.seconds = status, killer, secs
         rep = build_report(mutants, root=root, commit=commit, dirty=dirty, quick=a.quick,
                            timeout=a.timeout, seconds=time.perf_counter() - t0,
-                           baseline=baseline)
+                           baseline=baseline, carried=carried)
         write(rep)
     s = rep["summary"]
     print(f"kill rate {s['kill_rate'] * 100:.1f} %: {s['killed']} killed, {s['timeout']} "

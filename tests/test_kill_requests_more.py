@@ -1,0 +1,44 @@
+"""More request-layer kills: a launch with nothing new to write copies nothing, even through a
+shared partial block; two launches reading a cached block keep it busy until both complete."""
+
+from __future__ import annotations
+
+from pagedkv.allocator import BlockAllocator
+from pagedkv.spec import CACHED
+
+
+def _usable_by_scan(a):
+    p = a.pool
+    return sum(1 for b in range(a.num_blocks)
+               if p.state[b] == 0 or (p.state[b] == CACHED and p.pending[b] == 0))
+
+
+def test_no_copy_without_a_write_through_a_shared_partial_block():
+    a = BlockAllocator(8, 2)
+    a.add_request("p", [1, 2, 3])
+    a.allocate("p", 3)
+    a.publish(["p"]).complete()
+    a.commit("p", 3)
+    a.fork("p", "c")
+    launch = a.publish(["p"])  # issued == reserved: reads only
+    assert len(launch.copies) == 0
+    assert launch.query_lens.tolist() == [0]
+    launch.complete()
+    a.check_invariants()
+
+
+def test_two_readers_of_a_cached_block():
+    a = BlockAllocator(6, 2)
+    a.add_request("a", [1, 2, 3, 4, 5])
+    a.allocate("a", 5)
+    a.publish(["a"]).complete()
+    a.commit("a", 5)
+    first = a.publish(["a"])
+    second = a.publish(["a"])
+    a.free("a")
+    p = a.pool
+    assert p.usable() == _usable_by_scan(a)
+    first.complete()
+    assert p.usable() == _usable_by_scan(a) and p.structure_errors() == []
+    second.complete()
+    assert p.usable() == _usable_by_scan(a) == 6 and p.structure_errors() == []
