@@ -1,0 +1,35 @@
+"""Kills guard weakenings that no invariant notices: a holder acts only on blocks it holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedkv.allocator import AllocatorError
+from pagedkv.allocator.pool import BlockPool
+
+
+def _written_block():
+    p = BlockPool(2, 1)
+    p.open_holder("r")
+    p.open_holder("other")
+    p.allocate(0, "r")
+    p.publish(0, "r")
+    p.begin_access(0, "r", 1)
+    p.end_access(0, True)
+    return p
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: p.commit(0, "other", 7),
+    lambda p: p.commit(0, "ghost", 7),
+    lambda p: p.release(0, "other"),
+    lambda p: p.begin_access(0, "other", 0),
+])
+def test_only_the_holder_acts_on_its_block(call):
+    p = _written_block()
+    p.trace = []
+    with pytest.raises(AllocatorError):
+        call(p)
+    assert p.trace == [] and p.lookup(7) is None and p.ref[0] == 1
+    p.commit(0, "r", 7)
+    assert p.lookup(7) == 0
