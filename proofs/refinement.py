@@ -90,7 +90,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # ---- set-up -------------------------------------------------------------------------------
     @initialize(
-        num_blocks=st.integers(4, 12),
+        num_blocks=st.integers(6, 16),
         block_size=st.sampled_from([1, 2, 4]),
         prefix_caching=st.booleans(),
         checked=st.sampled_from([True, True, False]),
@@ -163,14 +163,22 @@ class AllocatorMachine(RuleBasedStateMachine):
         return out
 
     # ---- request rules ------------------------------------------------------------------------
-    @precondition(lambda self: self.alloc is not None)
+    @precondition(lambda self: self.alloc is not None and len(self.expect) < len(RIDS))
     @rule(
-        rid=st.sampled_from(RIDS),
+        data=st.data(),
         shared=st.integers(0, 9),
         tail=st.lists(st.integers(0, 3), max_size=3),
         salt=st.sampled_from([None, None, "tenant-a"]),
     )
-    def add_request(self, rid: str, shared: int, tail: list[int], salt: str | None):
+    def add_request(self, data, shared: int, tail: list[int], salt: str | None):
+        rid = data.draw(st.sampled_from([r for r in RIDS if r not in self.expect]))
+        self._add(rid, shared, tail, salt)
+
+    def duplicate_add(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.expect) or list(RIDS)))
+        self._add(rid, 2, [1], None)
+
+    def _add(self, rid: str, shared: int, tail: list[int], salt: str | None) -> None:
         tokens = SHARED_PREFIX[:shared] + tail or [0]
         if rid in self.expect:
             self._refused(lambda: self.alloc.add_request(rid, tokens), DuplicateRequest)
@@ -219,12 +227,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert self.alloc.num_computed(rid) == e.computed
         _event("allocate: ok" + (" with prefix hits" if hits else ""))
 
-    @precondition(lambda self: any(e.reserved > 0 for e in self.expect.values()))
-    @rule(data=st.data())
     def shrink_refused(self, data):
         rid = data.draw(st.sampled_from(sorted(r for r, e in self.expect.items() if e.reserved)))
         e = self.expect[rid]
         self._refused(lambda: self.alloc.allocate(rid, e.reserved - 1), InvalidArgument)
+        _event("shrink refused")
 
     @precondition(lambda self: self.alloc is not None and self.expect)
     @rule(data=st.data(), extra=st.lists(st.integers(0, 3), min_size=1, max_size=4))
@@ -234,12 +241,18 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.expect[rid].tokens += extra
         self._replay()
 
-    @precondition(lambda self: self.alloc is not None and self.expect)
+    def publish_nothing_allocated(self, data):
+        empty = sorted(r for r, e in self.expect.items() if e.reserved == 0)
+        if empty:
+            rid = data.draw(st.sampled_from(empty))
+            self._refused(lambda: self.alloc.publish([rid]), InvalidArgument)
+            _event("publish: refused (nothing allocated)")
+
+    @precondition(lambda self: any(e.reserved > 0 for e in self.expect.values()))
     @rule(data=st.data())
     def publish(self, data):
-        rids = data.draw(
-            st.lists(st.sampled_from(sorted(self.expect)), min_size=1, max_size=3, unique=True)
-        )
+        ready = sorted(r for r, e in self.expect.items() if e.reserved > 0)
+        rids = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True))
         if any(self.expect[r].reserved == 0 for r in rids):
             self._refused(lambda: self.alloc.publish(rids), InvalidArgument)
             _event("publish: refused (nothing allocated)")
@@ -484,9 +497,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         pending = len(self._reclaimed_pending())
         _event("free_while_in_flight" + (": blocks wait for the launch" if pending else ""))
 
-    @precondition(lambda self: self.alloc is not None)
-    @rule(rid=st.sampled_from(RIDS), n=st.sampled_from([-1, 1.5, True]))
-    def bad_arguments(self, rid, n):
+    def bad_arguments(self, data):
+        rid = data.draw(st.sampled_from(RIDS))
+        n = data.draw(st.sampled_from([-1, 1.5, True]))
         if rid in self.expect:
             self._refused(lambda: self.alloc.allocate(rid, n), InvalidArgument)
             self._refused(lambda: self.alloc.commit(rid, n), InvalidArgument)
@@ -496,12 +509,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         _event("bad_arguments refused")
 
     # ---- block-level rules: legal pool operations and misuse -----------------------------------
-    @precondition(lambda self: self.alloc is not None)
-    @rule(data=st.data())
     def evict_or_recycle(self, data):
         """Direct pool calls that keep request tables intact: succeed exactly when the
         spec's guard holds."""
-        b = data.draw(st.integers(0, self.alloc.num_blocks - 1))
+        cached = [b for b in self.model.block_ids if self.model.state[b] == CACHED]
+        if cached and data.draw(st.booleans()):  # steer toward evictions that are allowed
+            b = data.draw(st.sampled_from(cached))
+        else:
+            b = data.draw(st.integers(0, self.alloc.num_blocks - 1))
         name = data.draw(st.sampled_from(["evict", "recycle"]))
         call = getattr(self.alloc.pool, name)
         if step(self.model, name, b=b) is None:
@@ -525,23 +540,17 @@ class AllocatorMachine(RuleBasedStateMachine):
             r, choices = "ghost", list(range(self.alloc.num_blocks))
         return r, data.draw(st.sampled_from(choices))
 
-    @precondition(lambda self: self.alloc is not None)
-    @rule(data=st.data())
     def double_free(self, data):
         """Release a block the holder does not hold: DoubleFree, nothing changes."""
         r, b = self._draw_unheld(data)
         self._refused(lambda: self.alloc.pool.release(b, r), DoubleFree)
         _event(f"double_free refused ({'freed' if self.model.ref[b] == 0 else 'held by another'})")
 
-    @precondition(lambda self: self.alloc is not None and self._reclaimed_pending())
-    @rule(data=st.data())
     def recycle_while_pending(self, data):
         b = data.draw(st.sampled_from(self._reclaimed_pending()))
         self._refused(lambda: self.alloc.pool.recycle(b), PendingAccess)
         _event("recycle_while_pending refused")
 
-    @precondition(lambda self: self.alloc is not None)
-    @rule(data=st.data())
     def publish_unowned(self, data):
         """Hand a kernel a block the request does not hold (maybe not even initialized)."""
         r, b = self._draw_unheld(data)
@@ -551,10 +560,6 @@ class AllocatorMachine(RuleBasedStateMachine):
             self._refused(lambda: self.alloc.pool.begin_access(b, r, 0), PublishError)
         _event("publish_unowned refused")
 
-    @precondition(
-        lambda self: self.expect and any(self.model.state[b] != FREE for b in self.model.block_ids)
-    )
-    @rule(data=st.data())
     def allocate_taken_block(self, data):
         taken = [b for b in self.model.block_ids if self.model.state[b] != FREE]
         b = data.draw(st.sampled_from(taken))
@@ -563,6 +568,25 @@ class AllocatorMachine(RuleBasedStateMachine):
         _event("allocate_taken_block refused")
 
     # ---- invariants ---------------------------------------------------------------------------
+    def _misuse_kinds(self) -> list[str]:
+        kinds = ["double_free", "publish_unowned", "bad_arguments", "evict_or_recycle"]
+        if self._reclaimed_pending():
+            kinds.append("recycle_while_pending")
+        if self.expect:
+            kinds += ["duplicate_add", "publish_nothing_allocated"]
+            if any(self.model.state[b] != FREE for b in self.model.block_ids):
+                kinds.append("allocate_taken_block")
+            if any(e.reserved > 0 for e in self.expect.values()):
+                kinds.append("shrink_refused")
+        return kinds
+
+    @precondition(lambda self: self.alloc is not None)
+    @rule(data=st.data())
+    def misuse(self, data):
+        """One call that breaks a guard or the API's rules: the typed error, nothing changes."""
+        kind = data.draw(st.sampled_from(self._misuse_kinds()))
+        getattr(self, kind)(data)
+
     @invariant()
     def all_invariants_hold(self):
         if self.alloc is None:
