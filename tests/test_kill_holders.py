@@ -33,3 +33,15 @@ def test_only_the_holder_acts_on_its_block(call):
     assert p.trace == [] and p.lookup(7) is None and p.ref[0] == 1
     p.commit(0, "r", 7)
     assert p.lookup(7) == 0
+
+
+def test_closing_an_unknown_holder_is_refused():
+    p = BlockPool(2, 1)
+    p.trace = []
+    with pytest.raises(AllocatorError):
+        p.close_holder("ghost")
+    assert p.trace == []
+    p.open_holder("r")
+    p.close_holder("r")
+    with pytest.raises(AllocatorError):
+        p.close_holder("r")
