@@ -120,6 +120,20 @@ EQUIVALENT: dict[str, str] = {
     "self._prev = [n] + list(range(0, n + 1)) + [n - 1]": _PREV_INIT,
     "allocator/lru.py:__init__:int-1:self._prev = [n] + list(range(0, n - 1)) + [n - 1] -> "
     "self._prev = [n] + list(range(0, n - 0)) + [n - 1]": _PREV_INIT,
+    "allocator/pool.py:__getitem__:int+1:return 0 if blocks is None else len(blocks) -> "
+    "return 1 if blocks is None else len(blocks)":
+        "the view's nheld of a holder that does not exist: read only by close_holder's "
+        "interpreted guard, next to alive[r], which is False for it",
+    "allocator/pool.py:_enter:int+1:if entry is None or entry[0] is not t: -> "
+    "if entry is None or entry[1] is not t:":
+        "entry[1] (a guard function) is never the Transition, so every call rebinds: the "
+        "same compiled or interpreted functions, only slower",
+    "allocator/pool.py:_enter:delete-stmt:self._pre = None -> pass":
+        "_verify resets _pre to None after each use and no effect raises between _enter and "
+        "_verify, so _pre is already None on this path",
+    "allocator/pool.py:allocate:delete-stmt:self.filled[b] = 0 -> pass":
+        "allocate's guard needs FREE and exclusive_writes makes FREE blocks have filled == 0: "
+        "the store writes the value already there",
     "allocator/allocator.py:fork:delete-stmt:hash(child) -> pass":
         "`child in self._requests` just above already hashes the child (an unhashable one "
         "raises TypeError there: reported as a bug, it should be InvalidArgument)",
