@@ -106,7 +106,7 @@ EQUIVALENT: dict[str, str] = {
     **{f"allocator/pool.py:{fn}:{op}:if type(b) is not int or not 0 <= b < self.num_blocks: "
        f"-> if type(b) is not int or not {new} < self.num_blocks:": _FAST_RANGE
        for fn in ("allocate", "publish", "begin_access", "end_access", "commit", "share",
-                  "release")
+                  "release", "evict", "recycle")
        for op, new in (("int+1", "1 <= b"), ("cmp", "0 < b"))},
     "allocator/pool.py:_enter:bool:params = dict(zip(t.params, args, strict=True)) -> "
     "params = dict(zip(t.params, args, strict=False))": _STRICT,
