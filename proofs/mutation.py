@@ -134,6 +134,18 @@ EQUIVALENT: dict[str, str] = {
     "allocator/pool.py:allocate:delete-stmt:self.filled[b] = 0 -> pass":
         "allocate's guard needs FREE and exclusive_writes makes FREE blocks have filled == 0: "
         "the store writes the value already there",
+    "allocator/pool.py:_recycle_if_safe:drop-and-clause:if self.state[b] == RECLAIMED and "
+    "self._entry(\"recycle\")[1](b): -> if True and self._entry(\"recycle\")[1](b):":
+        "the recycle guard itself requires state == RECLAIMED; the first test is a fast path",
+    **{f"allocator/lru.py:structure_errors:{op}:{a} -> {b}":
+       "`steps` is never read (a dead counter)" for op, a, b in (
+           ("int+1", "b, steps = self._sentinel, 0", "b, steps = self._sentinel, 1"),
+           ("arith", "b, steps = nxt, steps + 1", "b, steps = nxt, steps - 1"),
+           ("int-1", "b, steps = nxt, steps + 1", "b, steps = nxt, steps + 0"))},
+    "allocator/lru.py:structure_errors:delete-stmt:errors.append(f\"block {nxt} twice in the "
+    "queue\") -> pass":
+        "unreachable: the walk stops at the first link whose back pointer disagrees, and "
+        "re-entering a block already seen needs its back pointer to name two predecessors",
     "allocator/allocator.py:fork:delete-stmt:hash(child) -> pass":
         "`child in self._requests` just above already hashes the child (an unhashable one "
         "raises TypeError there: reported as a bug, it should be InvalidArgument)",

@@ -87,3 +87,10 @@ def test_structure_errors_detect_broken_queues():
     q.inq[1] = True  # flagged but not linked
     assert q.structure_errors()
     assert BlockQueue(3).structure_errors() == []
+
+
+def test_flag_disagreement_names_up_to_eight_blocks():
+    q = BlockQueue(10)
+    q.inq[:] = [False] * 10
+    errs = q.structure_errors()
+    assert "queued flags disagree with links: [0, 1, 2, 3, 4, 5, 6, 7]" in errs
