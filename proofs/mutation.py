@@ -146,6 +146,10 @@ EQUIVALENT: dict[str, str] = {
     "queue\") -> pass":
         "unreachable: the walk stops at the first link whose back pointer disagrees, and "
         "re-entering a block already seen needs its back pointer to name two predecessors",
+    "allocator/hashing.py:block_hash:int-1:return int.from_bytes(digest, \"big\") or 1  # 0 "
+    "is the spec's NO_HASH -> return int.from_bytes(digest, \"big\") or 0  # 0 is the spec's "
+    "NO_HASH":
+        "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
     "allocator/allocator.py:fork:delete-stmt:hash(child) -> pass":
         "`child in self._requests` just above already hashes the child (an unhashable one "
         "raises TypeError there: reported as a bug, it should be InvalidArgument)",

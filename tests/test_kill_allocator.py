@@ -220,3 +220,20 @@ def test_copy_on_write_with_exactly_one_free_block():
     assert len(launch.copies) == 1
     launch.complete()
     a.check_invariants()
+
+
+def test_hash_memo_never_exceeds_its_bound(monkeypatch):
+    monkeypatch.setattr(allocator_module, "_HASH_MEMO_MAX", 3)
+    a = BlockAllocator(8, 1)
+    sizes = []
+    for k in range(7):
+        a.add_request(k, [100 + k])
+        sizes.append(len(a._hash_memo))
+    assert max(sizes) == 3 and sizes[:4] == [1, 2, 3, 1]
+
+
+def test_hashes_without_the_memo():
+    a = BlockAllocator(8, 2)
+    a._hash_memo = None
+    a.add_request("r", [1, 2, 3, 4, 5], cache_salt="s")
+    assert a._requests["r"].hashes == chain_hashes([1, 2, 3, 4, 5], 2, salt="s")
