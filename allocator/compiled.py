@@ -254,15 +254,24 @@ def _source_of(fn: Any, params: tuple[str, ...]) -> Any:
         return None
 
 
+def predicate_source(fn: Any, params: tuple[str, ...]) -> str | None:
+    """The Python expression (over ``params`` and the pool's arrays) a predicate compiles to."""
+    key = ("src", fn, params)
+    if key not in _CODE_CACHE:
+        term = _source_of(fn, params)
+        _CODE_CACHE[key] = None if term is None else _truth(term)
+    return _CODE_CACHE[key]
+
+
 def predicate_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
     """Code of ``lambda *params: <the predicate>`` (truthiness), or None."""
     key = ("pred", fn, params)
     if key not in _CODE_CACHE:
-        term = _source_of(fn, params)
+        body = predicate_source(fn, params)
         code = None
-        if term is not None:
-            src = f"lambda {', '.join(params)}: {_truth(term)}"
-            code = compile(src, f"<spec {label}, compiled>", "eval")
+        if body is not None:
+            code = compile(f"lambda {', '.join(params)}: {body}",
+                           f"<spec {label}, compiled>", "eval")
         _CODE_CACHE[key] = code
     return _CODE_CACHE[key]
 

@@ -355,3 +355,24 @@ def test_prefix_caching_off_never_shares():
     assert a.add_request("b", list(range(9))) == 0
     a.free("a")
     assert a.stats()["free"] == 8
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_checked_mode_names_a_broken_invariant_on_the_touched_block(compiled):
+    a = BlockAllocator(4, 4, checked=True)
+    a.pool.compile_spec = compiled
+    a.add_request("a", list(range(6)))
+    head = a.pool.queue.head()
+    a.pool.wpend[head] = 5  # corrupt: writers pending on a FREE block
+    with pytest.raises(InvariantViolation) as info:
+        a.allocate("a", 6)
+    assert info.value.invariant == "no_pending_when_free"
+
+
+def test_checked_mode_is_o1_in_the_number_of_holders():
+    """Checked mode re-evaluates only invariants that read the touched block itself."""
+    from pagedkv.allocator.pool import local_invariants
+
+    names = {inv.name for inv in local_invariants()}
+    assert "ref_matches_holders" not in names  # a sum over every holder
+    assert {"ref_nonnegative", "no_pending_when_free", "initialized_iff_live"} <= names
