@@ -237,3 +237,14 @@ def test_hashes_without_the_memo():
     a._hash_memo = None
     a.add_request("r", [1, 2, 3, 4, 5], cache_salt="s")
     assert a._requests["r"].hashes == chain_hashes([1, 2, 3, 4, 5], 2, salt="s")
+
+
+def test_a_one_token_prompt_never_hits():
+    a = BlockAllocator(4, 1)
+    a.add_request("a", [5, 6])
+    step(a, "a", 2)
+    a.free("a")
+    assert a.add_request("b", [5]) == 0  # its only token must be computed
+    assert a.allocate("b", 1) and a.num_computed("b") == 0
+    assert a.add_request("c", []) == 0
+    assert a.add_request("d", [5, 6]) == 1
