@@ -841,9 +841,10 @@ def to_markdown(rep: dict[str, Any]) -> str:
     ]
     c = rep.get("carried_over") or {}
     if c:
-        lines += [f"Verdicts of {c['keys']} killed mutants carried over (same file, function, "
-                  f"operator and mutated line) from the run at commit `{c['from_commit']}`; "
-                  "the others ran at the commit above.", ""]
+        lines += [f"Verdicts of {c['keys']} mutants (killed, or proved equivalent by z3 in a "
+                  "file unchanged since) carried over (same file, function, operator and "
+                  f"mutated line) from the run at commit `{c['from_commit']}`; the others "
+                  "ran at the commit above.", ""]
     lines += [
         "Kill suite stages (first failure wins): " + ", ".join(rep["stages"]) + ".",
         f"Baseline (no mutant): {rep['baseline']['status']} "
@@ -939,8 +940,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ids", default=None, help="only these mutant ids (e.g. 3,7,10-12)")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--update", action="store_true",
-                    help="keep the killed/timeout verdicts of the report at --out (same "
-                         "mutant key) and run only the other mutants")
+                    help="keep the killed/timeout verdicts (and z3 equivalence proofs of "
+                         "unchanged files) of the report at --out, matched by mutant key, and "
+                         "run only the other mutants")
     ap.add_argument("--max-stages", type=int, default=None,
                     help="triage: run only the first N stages (survivors are not final)")
     a = ap.parse_args(argv)
@@ -965,8 +967,14 @@ def main(argv: list[str] | None = None) -> int:
         if a.update:
             prev_path = Path(a.out) if Path(a.out).is_absolute() else REPO / a.out
             prev = json.loads(prev_path.read_text())
+            same = {t.path for t in TARGETS if subprocess.run(
+                ["git", "diff", "--quiet", prev["commit"], commit, "--", t.path],
+                cwd=REPO).returncode == 0}
+            # killed stays killed; a z3 equivalence proof stays valid while its file is the same
             done_before = {m["key"]: m for m in prev["mutants"]
-                           if m["status"] in (KILLED, TIMEOUT)}
+                           if m["status"] in (KILLED, TIMEOUT)
+                           or (m["status"] == EQUIV and m["killer"].startswith("z3:")
+                               and m["file"] in same)}
             carried = {"from_commit": prev["commit"], "keys": 0}
         todo = []
         for m in mutants:
