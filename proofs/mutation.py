@@ -102,6 +102,9 @@ _STRICT = ("every caller passes exactly t.params positionally (a wrong arity is 
            "at the method call), so zip never sees unequal lengths")
 _PREV_INIT = ("only _prev[0..n] is ever read; the mutant appends unread entries after the "
               "sentinel's slot, which still holds n - 1")
+_COMMITTED = ("committed_blocks only (a) starts commit's registration loop, whose earlier "
+              "entries are REFERENCED (skipped), and (b) guards a conjunct implied by the next "
+              "one: committed_blocks <= len(hashes) always")
 EQUIVALENT: dict[str, str] = {
     **{f"allocator/pool.py:{fn}:{op}:if type(b) is not int or not 0 <= b < self.num_blocks: "
        f"-> if type(b) is not int or not {new} < self.num_blocks:": _FAST_RANGE
@@ -150,6 +153,24 @@ EQUIVALENT: dict[str, str] = {
     "is the spec's NO_HASH -> return int.from_bytes(digest, \"big\") or 0  # 0 is the spec's "
     "NO_HASH":
         "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
+    "allocator/allocator.py:allocate:cmp:if need > available: -> if need >= available:":
+        "when need == available the mutant also calls reclaim() (which only completes "
+        "launches whose recorded events have fired, allowed at any time) and then re-checks "
+        "with the unmutated test: same allocation, same refusal",
+    "allocator/allocator.py:allocate:delete-stmt:req.committed_blocks = len(hits) -> pass":
+        _COMMITTED,
+    "allocator/allocator.py:commit:delete-stmt:req.committed_blocks = max(req.committed_blocks,"
+    " full) -> pass": _COMMITTED,
+    "allocator/allocator.py:commit:drop-and-clause:if self.prefix_caching and full > "
+    "req.committed_blocks and full > len(req.hashes): -> if self.prefix_caching and True and "
+    "full > len(req.hashes):": _COMMITTED,
+    "allocator/allocator.py:commit:cmp:if self.prefix_caching and full > req.committed_blocks "
+    "and full > len(req.hashes): -> if self.prefix_caching and full >= req.committed_blocks and "
+    "full > len(req.hashes):": _COMMITTED,
+    "allocator/allocator.py:commit:drop-and-clause:if pool.state[b] == PUBLISHED and "
+    "pool.lookup(h) is None: -> if True and pool.lookup(h) is None:":
+        "a table entry in [committed_blocks, full) is PUBLISHED or REFERENCED under its own "
+        "chain hash (committed, hit or forked), so lookup(h) is None only for PUBLISHED ones",
     "allocator/allocator.py:fork:delete-stmt:hash(child) -> pass":
         "`child in self._requests` just above already hashes the child (an unhashable one "
         "raises TypeError there: reported as a bug, it should be InvalidArgument)",

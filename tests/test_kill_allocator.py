@@ -248,3 +248,14 @@ def test_a_one_token_prompt_never_hits():
     assert a.allocate("b", 1) and a.num_computed("b") == 0
     assert a.add_request("c", []) == 0
     assert a.add_request("d", [5, 6]) == 1
+
+
+def test_hits_held_by_a_live_request_are_not_revived():
+    """b hits a's two REFERENCED blocks (still held by a) and needs the last FREE block."""
+    a = BlockAllocator(4, 2)
+    a.add_request("a", [1, 2, 3, 4, 5])
+    step(a, "a", 5)
+    assert a.stats()["free"] == 1
+    a.add_request("b", [1, 2, 3, 4, 9])
+    assert len(a.allocate("b", 5)) == 3
+    a.check_invariants()
