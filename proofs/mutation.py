@@ -171,6 +171,19 @@ EQUIVALENT: dict[str, str] = {
     "pool.lookup(h) is None: -> if True and pool.lookup(h) is None:":
         "a table entry in [committed_blocks, full) is PUBLISHED or REFERENCED under its own "
         "chain hash (committed, hit or forked), so lookup(h) is None only for PUBLISHED ones",
+    **{f"allocator/allocator.py:fork:bool:{a}strict=True){b} -> {a}strict=False){b}":
+       "fresh is built from p.table just above: the zipped sequences have equal lengths"
+       for a, b in (("pool.take(child) if f else b for b, f in zip(p.table, fresh, ", ""),
+                    ("for b, f in zip(p.table, fresh, ", ":"))},
+    "allocator/allocator.py:publish:drop-and-clause:if req.issued < req.reserved and "
+    "req.issued % B: -> if req.issued < req.reserved and True:":
+        "when issued is a multiple of B the entry at issued // B has never been published "
+        "(publish issues up to reserved; hits and forks share only full or published "
+        "blocks), so its ref is 1 and no copy is made either way",
+    "allocator/allocator.py:publish:cmp:if len(cow) > pool.usable(): -> "
+    "if len(cow) >= pool.usable():":
+        "when len(cow) == usable the mutant also calls reclaim() (completing only launches "
+        "whose events fired) and re-checks with the unmutated test: same outcome",
     "allocator/allocator.py:fork:delete-stmt:hash(child) -> pass":
         "`child in self._requests` just above already hashes the child (an unhashable one "
         "raises TypeError there: reported as a bug, it should be InvalidArgument)",

@@ -259,3 +259,21 @@ def test_hits_held_by_a_live_request_are_not_revived():
     a.add_request("b", [1, 2, 3, 4, 9])
     assert len(a.allocate("b", 5)) == 3
     a.check_invariants()
+
+
+def test_fork_with_exactly_enough_blocks_for_the_unpublished_ones():
+    a = BlockAllocator(4, 2)
+    a.add_request("p", [1, 2, 3])
+    a.allocate("p", 3)  # 2 ALLOCATED blocks, 2 FREE left
+    assert len(a.fork("p", "c")) == 2
+    a.check_invariants()
+
+
+def test_fork_refusal_names_up_to_eight_blocks():
+    a = BlockAllocator(12, 1)
+    a.add_request("p", list(range(10)))
+    a.allocate("p", 10)
+    launch = a.publish(["p"])  # writes all 10 blocks
+    with pytest.raises(Exception, match=r"blocks \[0, 1, 2, 3, 4, 5, 6, 7\] of 'p'"):
+        a.fork("p", "c")
+    launch.complete()
