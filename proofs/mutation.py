@@ -184,6 +184,10 @@ EQUIVALENT: dict[str, str] = {
     "if len(cow) >= pool.usable():":
         "when len(cow) == usable the mutant also calls reclaim() (completing only launches "
         "whose events fired) and re-checks with the unmutated test: same outcome",
+    "allocator/allocator.py:publish:drop-and-clause:if b in copied and w: -> "
+    "if b in copied and True:":
+        "a copy is made only for the entry at issued // B with issued < reserved, which this "
+        "launch always writes (w > 0)",
     "allocator/allocator.py:fork:delete-stmt:hash(child) -> pass":
         "`child in self._requests` just above already hashes the child (an unhashable one "
         "raises TypeError there: reported as a bug, it should be InvalidArgument)",

@@ -277,3 +277,29 @@ def test_fork_refusal_names_up_to_eight_blocks():
     with pytest.raises(Exception, match=r"blocks \[0, 1, 2, 3, 4, 5, 6, 7\] of 'p'"):
         a.fork("p", "c")
     launch.complete()
+
+
+class _Done:
+    def query(self) -> bool:
+        return True
+
+
+def test_copy_on_write_reclaims_a_finished_launch_and_commits():
+    a = BlockAllocator(3, 2)
+    a.add_request("p", [1, 2, 3])
+    step(a, "p", 3)  # block 0 full, block 1 partial (1 slot)
+    a.fork("p", "c")  # shares both
+    a.add_request("q", [7])
+    a.allocate("q", 1)  # the last FREE block
+    launch = a.publish(["q"])
+    launch.record(_Done())  # finished, not yet reclaimed
+    a.free("q")  # its block waits for the launch
+    assert a.pool.usable() == 0
+    a.append_tokens("c", [4])
+    a.allocate("c", 4)
+    cow = a.publish(["c"])  # needs a block for the copy: reclaim() finds it
+    assert launch.completed and len(cow.copies) == 1
+    cow.complete()
+    a.commit("c", 4)  # the copy holds the shared slot and the new one
+    assert a.num_computed("c") == 4
+    a.check_invariants()
