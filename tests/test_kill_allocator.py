@@ -303,3 +303,13 @@ def test_copy_on_write_reclaims_a_finished_launch_and_commits():
     a.commit("c", 4)  # the copy holds the shared slot and the new one
     assert a.num_computed("c") == 4
     a.check_invariants()
+
+
+def test_completed_launches_leave_the_inflight_set():
+    a = BlockAllocator(4, 2)
+    a.add_request("r", [1, 2, 3])
+    a.allocate("r", 3)
+    launch = a.publish(["r"])
+    assert a.inflight == (launch,) and a.stats()["inflight_launches"] == 1
+    launch.complete()
+    assert a.inflight == () and a.stats()["inflight_launches"] == 0
