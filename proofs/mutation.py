@@ -1031,6 +1031,8 @@ def main(argv: list[str] | None = None) -> int:
             elif a.update and m.key in done_before:
                 old = done_before[m.key]
                 m.status, m.seconds = old["status"], old["seconds"]
+                if "_StageTimeout" in old["killer"]:  # a hang recorded as a test failure
+                    m.status = TIMEOUT
                 m.killer = f"{old['killer']} (at {prev['commit'][:12]})"
                 carried["keys"] += 1
             else:
