@@ -271,12 +271,12 @@ class BlockAllocator:
         A shared partial block is copied at the child's or parent's next write (copy-on-write,
         reported in ``Launch.copies``). All or nothing."""
         p = self._req(parent)
-        if child in self._requests:
-            raise DuplicateRequest(f"request {child!r} is already registered")
         try:
             hash(child)
         except TypeError:
             raise InvalidArgument("request ids must be hashable") from None
+        if child in self._requests:
+            raise DuplicateRequest(f"request {child!r} is already registered")
         share = TRANSITIONS["share"]
         pool = self.pool
         # Blocks never handed to a kernel hold no KV yet: the child gets fresh ones instead.

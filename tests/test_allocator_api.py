@@ -112,6 +112,7 @@ def busy():
         (lambda a: a.free("gone"), UnknownRequest),
         (lambda a: a.fork("gone", "c"), UnknownRequest),
         (lambda a: a.fork("a", "b"), DuplicateRequest),
+        (lambda a: a.fork("a", ["unhashable"]), InvalidArgument),
         (lambda a: a.fork("b", "c"), GuardViolation),  # b's writing launch is pending
         (lambda a: a.state(8), InvalidArgument),
         (lambda a: a.ref_count(-1), InvalidArgument),
