@@ -13,6 +13,7 @@ from .errors import (
     PendingAccess,
     PublishError,
     StaleTableError,
+    TokensUnknown,
     UnknownRequest,
 )
 from .hashing import block_hash, chain_hashes
@@ -24,6 +25,6 @@ __all__ = [
     "Abstraction", "AllocatorError", "BlockAllocator", "BlockPool", "CommitError", "DoubleFree",
     "DuplicateRequest", "GuardViolation", "InvalidArgument", "InvariantViolation", "Launch",
     "LaunchAlreadyCompleted", "OutOfBlocks", "PendingAccess", "PositionOutOfRange",
-    "PublishError", "StaleTableError", "UnknownRequest", "block_hash", "blocks_needed",
-    "chain_hashes", "resolve", "slot_mapping",
+    "PublishError", "StaleTableError", "TokensUnknown", "UnknownRequest", "block_hash",
+    "blocks_needed", "chain_hashes", "resolve", "slot_mapping",
 ]

@@ -37,6 +37,7 @@ from .errors import (
     InvalidArgument,
     InvariantViolation,
     OutOfBlocks,
+    TokensUnknown,
     UnknownRequest,
 )
 from .hashing import block_hash, encode_extra_key, encode_tokens
@@ -249,12 +250,7 @@ class BlockAllocator:
                 raise CommitError(
                     f"block {b} (entry {i} of {rid!r}) has a writing launch still pending"
                 )
-        full = num_tokens // B
-        if self.prefix_caching and full > req.committed_blocks and full > len(req.hashes):
-            raise CommitError(
-                f"positions up to {full * B} of {rid!r} are full blocks but only "
-                f"{len(req.tokens)} token ids are known: append_tokens first"
-            )
+        full = num_tokens // B  # publish saw every written token, so their hashes exist
         req.computed = num_tokens
         if not self.prefix_caching:
             return
@@ -319,7 +315,10 @@ class BlockAllocator:
     def publish(self, rids: Sequence[Hashable]) -> Launch:
         """Hand the requests' tables to kernels: ALLOCATED blocks are published, every used
         block is pinned (spec: publish, begin_access), shared partial blocks about to be
-        written are copied first (spec: allocate, publish, begin_access, release)."""
+        written are copied first (spec: allocate, publish, begin_access, release).
+
+        Every position written must have a known token id (``TokensUnknown`` otherwise), so
+        that a fork or a prefix commit of that KV knows which tokens it holds."""
         rids = tuple(rids)
         if not rids:
             raise InvalidArgument("publish needs at least one request")
@@ -331,6 +330,12 @@ class BlockAllocator:
         for req in reqs:
             if req.reserved == 0:
                 raise InvalidArgument(f"request {req.rid!r} has no allocated positions")
+            if req.reserved > len(req.tokens):
+                # KV is written for a token; a fork or a prefix commit must know which one.
+                raise TokensUnknown(
+                    f"{req.rid!r} would write positions up to {req.reserved} but only "
+                    f"{len(req.tokens)} token ids are known: append_tokens first"
+                )
             if req.issued < req.reserved and req.issued % B:
                 if pool.ref[req.table[req.issued // B]] > 1:
                     cow.append(req)

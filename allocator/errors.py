@@ -22,6 +22,10 @@ class DuplicateRequest(AllocatorError):
     """The request id is already registered."""
 
 
+class TokensUnknown(InvalidArgument):
+    """A launch would write KV for positions whose token ids were never given."""
+
+
 class OutOfBlocks(AllocatorError):
     """Not enough free or evictable blocks; nothing was changed."""
 

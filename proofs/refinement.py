@@ -28,6 +28,7 @@ from pagedkv.allocator import (
     OutOfBlocks,
     PendingAccess,
     PublishError,
+    TokensUnknown,
     UnknownRequest,
 )
 from pagedkv.allocator.hashing import chain_hashes
@@ -253,9 +254,9 @@ class AllocatorMachine(RuleBasedStateMachine):
     def publish(self, data):
         ready = sorted(r for r, e in self.expect.items() if e.reserved > 0)
         rids = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True))
-        if any(self.expect[r].reserved == 0 for r in rids):
-            self._refused(lambda: self.alloc.publish(rids), InvalidArgument)
-            _event("publish: refused (nothing allocated)")
+        if any(self.expect[r].reserved > len(self.expect[r].tokens) for r in rids):
+            self._refused(lambda: self.alloc.publish(rids), TokensUnknown)
+            _event("publish: refused (token ids unknown)")
             return
         try:
             launch = self.alloc.publish(rids)
@@ -341,10 +342,6 @@ class AllocatorMachine(RuleBasedStateMachine):
             upto = min(self.B, n - i * self.B)
             if m.state[b] != REFERENCED and not (m.filled[b] >= upto and m.wpend[b] == 0):
                 return False
-        full = n // self.B
-        already = max(e.computed // self.B, 0)
-        if self.alloc.prefix_caching and full > already and full * self.B > len(e.tokens):
-            return False
         return True
 
     @precondition(lambda self: self.alloc is not None and 0 < len(self.expect) < len(RIDS))
@@ -396,6 +393,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         commit and sample a token. Steers toward commits, cache hits and copy-on-write."""
         rid = data.draw(st.sampled_from(sorted(self.expect)))
         e = self.expect[rid]
+        if e.reserved > len(e.tokens):  # sample the tokens the allocated positions will hold
+            extra = data.draw(st.lists(st.integers(0, 3), min_size=e.reserved - len(e.tokens),
+                                       max_size=e.reserved - len(e.tokens)))
+            self.alloc.append_tokens(rid, extra)
+            e.tokens += extra
         target = max(e.reserved, len(e.tokens))
         if target > e.reserved:
             hits = [] if e.started else self._hits(e, target)

@@ -8,8 +8,8 @@ import pytest
 import pagedkv.allocator.allocator as allocator_module
 from pagedkv.allocator import (
     BlockAllocator,
-    CommitError,
     OutOfBlocks,
+    TokensUnknown,
 )
 from pagedkv.allocator.hashing import chain_hashes
 from pagedkv.spec import CACHED, FREE, states_equal
@@ -119,16 +119,16 @@ def test_hash_memo_is_used_and_bounded(monkeypatch):
     assert a._requests["t"].hashes == chain_hashes([5, 6, 7, 8], 1)
 
 
-def test_commit_needs_the_tokens_of_full_blocks():
+def test_publish_needs_the_tokens_of_written_positions():
     a = BlockAllocator(4, 2)
     a.add_request("r", [1])
     a.allocate("r", 4)
-    a.publish(["r"]).complete()
     before = snap(a)
-    with pytest.raises(CommitError):
-        a.commit("r", 4)
+    with pytest.raises(TokensUnknown):
+        a.publish(["r"])
     unchanged(a, before)
     a.append_tokens("r", [2, 3, 4])
+    a.publish(["r"]).complete()
     a.commit("r", 4)
     a.add_request("s", [1, 2, 3, 4, 5])
     assert a.add_request("t", [1, 2, 3, 4, 5]) == 4  # both blocks are in the prefix cache
