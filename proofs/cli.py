@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import sys
 import time
 import traceback
@@ -138,7 +139,16 @@ def mutation_part() -> dict:
         return {"ok": False, "error": "no committed mutation report"}
     summary = dict(summary)
     summary.setdefault("ok", True)
+    summary["killed_by_invariant"] = _kills_per_invariant(Path(summary["path"]))
     return summary
+
+
+def _kills_per_invariant(path: Path) -> dict[str, int]:
+    """How many killed mutants were killed by evidence that names each invariant."""
+    mutants = json.loads(path.read_text()).get("mutants", [])
+    killers = [m.get("killer") or "" for m in mutants if m.get("status") in ("killed", "timeout")]
+    return {name: sum(re.search(rf"\b{name}\b", k) is not None for k in killers)
+            for name in INVARIANTS}
 
 
 # ---- the report ----------------------------------------------------------------------------
