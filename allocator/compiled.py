@@ -340,29 +340,32 @@ def effect_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
 _PROBE_CHECKED: dict[Any, bool] = {}
 
 
-def _probe_pools() -> list[BlockPool]:
-    """A few small pools with scrambled arrays (not necessarily reachable states)."""
+def scrambled_pool(seed: int, num_blocks: int = 6, *, negative: bool = False) -> BlockPool:
+    """A small pool with arbitrary array contents (not necessarily a reachable state), for
+    comparing compiled and interpreted spec functions. ``negative`` allows -1 counters."""
     import random
 
     from .pool import BlockPool
 
-    pools = []
-    for seed in range(4):
-        rnd = random.Random(seed)
-        p = BlockPool(6, 4, checked=False)
-        p.compile_spec = False
-        n = p.num_blocks
-        p.state[:] = [rnd.randrange(6) for _ in range(n)]
-        for arr, hi in ((p.ref, 3), (p.pending, 3), (p.wpend, 3), (p.filled, 5), (p.gen, 3)):
-            arr[:] = [rnd.randrange(-1 if seed == 3 else 0, hi) for _ in range(n)]
-        p.init[:] = [rnd.random() < 0.5 for _ in range(n)]
-        p.hash[:] = [rnd.choice((NO_HASH, 11, 12)) for _ in range(n)]
-        p.queue.inq[:] = [rnd.random() < 0.5 for _ in range(n)]
-        p.hmap.update({11: rnd.randrange(n), 12: rnd.randrange(-1, n)})
-        p.held.update({"a": {b for b in range(n) if rnd.random() < 0.5}, "b": set()})
-        p.count[:] = [rnd.randrange(4) for _ in p.count]
-        pools.append(p)
-    return pools
+    rnd = random.Random(seed)
+    p = BlockPool(num_blocks, 4, checked=False)
+    p.compile_spec = False
+    n = p.num_blocks
+    p.state[:] = [rnd.randrange(6) for _ in range(n)]
+    for arr, hi in ((p.ref, 3), (p.pending, 3), (p.wpend, 3), (p.filled, 5), (p.gen, 3)):
+        arr[:] = [rnd.randrange(-1 if negative else 0, hi) for _ in range(n)]
+    p.init[:] = [rnd.random() < 0.5 for _ in range(n)]
+    p.hash[:] = [rnd.choice((NO_HASH, 11, 12)) for _ in range(n)]
+    p.queue.inq[:] = [rnd.random() < 0.5 for _ in range(n)]
+    p.hmap.update({11: rnd.randrange(n), 12: rnd.randrange(-1, n)})
+    p.held.update({"a": {b for b in range(n) if rnd.random() < 0.5}, "b": set()})
+    p.count[:] = [rnd.randrange(4) for _ in p.count]
+    return p
+
+
+def _probe_pools() -> list[BlockPool]:
+    """The pools every compiled function is checked on before use."""
+    return [scrambled_pool(seed, negative=seed == 3) for seed in range(4)]
 
 
 _PROBE_VALUES = {

@@ -8,29 +8,12 @@ import random
 
 import pytest
 
-from pagedkv.allocator import BlockAllocator, BlockPool
-from pagedkv.allocator.compiled import predicate_agrees, predicate_code
+from pagedkv.allocator import BlockAllocator
+from pagedkv.allocator.compiled import predicate_agrees, predicate_code, scrambled_pool
 from pagedkv.spec import CONCRETE, INVARIANTS, NO_HASH, TRANSITIONS
 
 VALUES = {"b": range(5), "r": ("a", "b", "zz"), "w": (0, 1, 3, 4), "writes": (False, True),
           "h": (NO_HASH, 11, 13)}
-
-
-def scrambled_pool(seed: int) -> BlockPool:
-    """Arbitrary (not necessarily reachable) array contents, from fresh seeds."""
-    rnd = random.Random(seed)
-    p = BlockPool(5, 4, checked=False)
-    n = p.num_blocks
-    p.state[:] = [rnd.randrange(6) for _ in range(n)]
-    for arr, hi in ((p.ref, 3), (p.pending, 3), (p.wpend, 3), (p.filled, 5), (p.gen, 3)):
-        arr[:] = [rnd.randrange(-1, hi) for _ in range(n)]
-    p.init[:] = [rnd.random() < 0.5 for _ in range(n)]
-    p.hash[:] = [rnd.choice((NO_HASH, 11, 12)) for _ in range(n)]
-    p.queue.inq[:] = [rnd.random() < 0.5 for _ in range(n)]
-    p.hmap.update({11: rnd.randrange(n), 12: rnd.randrange(-1, n)})
-    p.held.update({"a": {b for b in range(n) if rnd.random() < 0.5}, "b": {0}})
-    p.count[:] = [rnd.randrange(4) for _ in p.count]
-    return p
 
 
 SPEC_FUNCTIONS = [(f"guard {t.name}", t.guard, t.params) for t in TRANSITIONS.values()] + [
@@ -45,7 +28,7 @@ def test_compiled_predicate_agrees_with_the_spec(label, fn, params):
     assert code is not None, f"{label} did not compile (it would run interpreted)"
     assert predicate_agrees(fn, params, code)
     for seed in range(100, 130):
-        pool = scrambled_pool(seed)
+        pool = scrambled_pool(seed, 5, negative=True)
         compiled = eval(code, pool._namespace())  # noqa: S307 - our own generated source
         for combo in itertools.product(*(VALUES[p] for p in params)):
             want = bool(fn(CONCRETE, pool.view, **dict(zip(params, combo, strict=True))))
