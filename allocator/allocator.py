@@ -17,7 +17,6 @@ from pagedkv.spec import (
     CACHED,
     CONCRETE,
     FREE,
-    INVARIANTS,
     NO_HASH,
     PUBLISHED,
     RECLAIMED,
@@ -129,12 +128,7 @@ class BlockAllocator:
         Only full blocks count, and never the last prompt token (it must be computed to get
         logits). No reference is taken: ``allocate`` takes the hits found at that moment.
         """
-        try:
-            hash(rid)
-        except TypeError:
-            raise InvalidArgument("request ids must be hashable") from None
-        if rid in self._requests:
-            raise DuplicateRequest(f"request {rid!r} is already registered")
+        self._check_new_rid(rid)
         tokens = _check_tokens(token_ids)
         if cache_salt is not None and not isinstance(cache_salt, str | bytes):
             raise InvalidArgument("cache_salt must be str, bytes or None")
@@ -183,6 +177,24 @@ class BlockAllocator:
             out.append(b)
         return out
 
+    def _check_new_rid(self, rid: Hashable) -> None:
+        try:
+            hash(rid)
+        except TypeError:
+            raise InvalidArgument("request ids must be hashable") from None
+        if rid in self._requests:
+            raise DuplicateRequest(f"request {rid!r} is already registered")
+
+    def _ensure_room(self, need: int, held_back: int = 0) -> None:
+        """Raise OutOfBlocks (nothing changed) unless ``need`` blocks can be taken now, beyond
+        ``held_back`` usable blocks the caller will revive; completed launches are reclaimed
+        first if that is what it takes."""
+        if need > self.pool.usable() - held_back:
+            self.reclaim()
+            available = self.pool.usable() - held_back
+            if need > available:
+                raise OutOfBlocks(need, available)
+
     def _req(self, rid: Hashable) -> _Request:
         try:
             return self._requests[rid]
@@ -202,12 +214,7 @@ class BlockAllocator:
         need = blocks_needed(num_tokens, self.block_size) - len(req.table) - len(hits)
         pool = self.pool
         revived = sum(1 for b in hits if pool.state[b] == CACHED and pool.pending[b] == 0)
-        available = pool.usable() - revived
-        if need > available:
-            self.reclaim()
-            available = pool.usable() - revived
-            if need > available:
-                raise OutOfBlocks(need, available)
+        self._ensure_room(need, held_back=revived)
         for b in hits:
             pool.share(b, rid)
             req.table.append(b)
@@ -267,12 +274,7 @@ class BlockAllocator:
         A shared partial block is copied at the child's or parent's next write (copy-on-write,
         reported in ``Launch.copies``). All or nothing."""
         p = self._req(parent)
-        try:
-            hash(child)
-        except TypeError:
-            raise InvalidArgument("request ids must be hashable") from None
-        if child in self._requests:
-            raise DuplicateRequest(f"request {child!r} is already registered")
+        self._check_new_rid(child)
         share = TRANSITIONS["share"]
         pool = self.pool
         # Blocks never handed to a kernel hold no KV yet: the child gets fresh ones instead.
@@ -339,10 +341,7 @@ class BlockAllocator:
             if req.issued < req.reserved and req.issued % B:
                 if pool.ref[req.table[req.issued // B]] > 1:
                     cow.append(req)
-        if len(cow) > pool.usable():
-            self.reclaim()
-            if len(cow) > pool.usable():
-                raise OutOfBlocks(len(cow), pool.usable())
+        self._ensure_room(len(cow))
         copies: list[tuple[int, int]] = []
         accesses: list[tuple[int, bool]] = []
         tables, gens, slots = [], [], []
@@ -473,7 +472,6 @@ class BlockAllocator:
     # ---- the spec view -----------------------------------------------------------------------
     def abstract(self) -> Abstraction:
         """The allocator's state mapped to the spec's state, plus its tables."""
-        B = self.block_size
         tables = tuple(
             TableView(
                 holder=r.rid,
@@ -486,7 +484,6 @@ class BlockAllocator:
             )
             for r in self._requests.values()
         )
-        del B
         return Abstraction(self.pool.abstract(), tables)
 
     def check_invariants(self) -> None:
@@ -499,4 +496,4 @@ class BlockAllocator:
                 f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
 
 
-__all__ = ["Abstraction", "BlockAllocator", "INVARIANTS"]
+__all__ = ["Abstraction", "BlockAllocator"]
