@@ -7,9 +7,12 @@ refused call raises a typed ``AllocatorError`` and changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+import threading
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import wraps
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,9 +30,11 @@ from pagedkv.spec import (
     slots_written,
     violations,
 )
+from pagedkv.spec.explain import failed_conditions
 from pagedkv.spec.states import ALLOCATED
 
 from .errors import (
+    AllocatorError,
     CommitError,
     DuplicateRequest,
     GuardViolation,
@@ -39,10 +44,23 @@ from .errors import (
     TokensUnknown,
     UnknownRequest,
 )
-from .hashing import block_hash, encode_extra_key, encode_tokens
-from .launch import Launch
+from .hashing import block_hash, encode_tokens, normalize_extra_keys
+from .launch import Launch, LaunchAlreadyCompleted
 from .pool import BlockPool
 from .table import blocks_needed, check_count, slot_mapping, writes_per_block
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(method: _F) -> _F:
+    """Run the method under the allocator's re-entrant lock (see BlockAllocator: concurrency)."""
+
+    @wraps(method)
+    def run(self: BlockAllocator, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 _HASH_MEMO_MAX = 1 << 16
 
@@ -73,8 +91,21 @@ class Abstraction:
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
+# Iterables that are not sequences of ids or tokens: a bare string, or no order at all.
+_NOT_SEQUENCES = (str, bytes, bytearray, memoryview, set, frozenset, dict, Mapping)
+
+
 def _check_tokens(token_ids: Iterable[int]) -> list[int]:
-    tokens = list(token_ids)
+    if isinstance(token_ids, _NOT_SEQUENCES):
+        raise InvalidArgument(
+            f"token ids must be an ordered sequence of ints, not a {type(token_ids).__name__}"
+        )
+    try:
+        tokens = list(token_ids)
+    except TypeError:
+        raise InvalidArgument(
+            f"token ids must be a sequence of ints, got {type(token_ids).__name__}"
+        ) from None
     if not set(map(type, tokens)) <= {int}:  # fast path: plain ints need no conversion
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, int | np.integer):
@@ -90,6 +121,12 @@ class BlockAllocator:
 
     ``checked=True`` compares every transition's effect with the spec's and re-checks the
     invariants of the touched blocks (O(1) per block); guards are enforced in both modes.
+
+    Concurrency contract: every public method, ``Launch.complete()`` and the polling of
+    recorded completion events run under one re-entrant lock per allocator, so completion
+    callbacks may come from any thread while the scheduler thread allocates and frees. Event
+    ``query()`` calls are made with the lock held and must not call back into the allocator
+    from another thread and wait for it.
     """
 
     def __init__(
@@ -100,14 +137,23 @@ class BlockAllocator:
         prefix_caching: bool = True,
         checked: bool = True,
     ) -> None:
+        if not isinstance(prefix_caching, bool | np.bool_):
+            raise InvalidArgument(
+                f"prefix_caching must be a bool, got {type(prefix_caching).__name__}"
+            )
         self.pool = BlockPool(num_blocks, block_size, checked=checked)
-        self.block_size = block_size
-        self.num_blocks = num_blocks
+        self.block_size = self.pool.block_size
+        self.num_blocks = self.pool.num_blocks
         self.prefix_caching = bool(prefix_caching)
         self.checked = bool(checked)
+        self._lock = threading.RLock()
         self._requests: dict[Hashable, _Request] = {}
-        self._inflight: dict[int, Launch] = {}
+        self._inflight: dict[int, Launch] = {}  # by Launch.seq
+        self._launches_published = 0
         self._prefix_hit_tokens = 0
+        # Kept exact on every change, so stats() costs O(1) whatever the number of requests.
+        self._reserved_total = 0  # positions reserved, summed over live requests' tables
+        self._entries_total = 0  # table entries, summed over live requests' tables
         self._attached_pool: Any = None
         # block_hash is a pure function: memoize it on its full input (parent hash, the
         # block's tokens, extra keys, salt), so a shared prefix is sha256-hashed once. Bounded:
@@ -115,6 +161,7 @@ class BlockAllocator:
         self._hash_memo: dict[tuple[Any, ...], int] | None = {}
 
     # ---- requests ----------------------------------------------------------------------------
+    @_locked
     def add_request(
         self,
         rid: Hashable,
@@ -132,9 +179,7 @@ class BlockAllocator:
         tokens = _check_tokens(token_ids)
         if cache_salt is not None and not isinstance(cache_salt, str | bytes):
             raise InvalidArgument("cache_salt must be str, bytes or None")
-        extra = tuple(extra_keys)
-        for key in extra:
-            encode_extra_key(key)
+        extra = normalize_extra_keys(extra_keys)
         req = _Request(rid, tokens, cache_salt, extra)
         self._extend_hashes(req)
         self.pool.open_holder(rid)
@@ -162,13 +207,11 @@ class BlockAllocator:
                 memo[key] = h
             hashes.append(h)
 
-    def _hits(self, req: _Request, limit_tokens: int | None = None) -> list[int]:
+    def _hits(self, req: _Request) -> list[int]:
         """Cached blocks for the request's leading full prompt blocks (spec: share-able)."""
         if not self.prefix_caching:
             return []
         max_tokens = len(req.tokens) - 1  # the last known token must be computed for logits
-        if limit_tokens is not None:
-            max_tokens = min(max_tokens, limit_tokens)
         out: list[int] = []
         for i in range(max(0, max_tokens) // self.block_size):
             b = self.pool.lookup(req.hashes[i])
@@ -181,40 +224,76 @@ class BlockAllocator:
         try:
             hash(rid)
         except TypeError:
-            raise InvalidArgument("request ids must be hashable") from None
+            raise InvalidArgument(
+                f"request ids must be hashable, got {type(rid).__name__}"
+            ) from None
+        if not rid == rid:  # a NaN-like id could never be found again
+            raise InvalidArgument(f"request id {rid!r} is not equal to itself")
         if rid in self._requests:
             raise DuplicateRequest(f"request {rid!r} is already registered")
 
-    def _ensure_room(self, need: int, held_back: int = 0) -> None:
-        """Raise OutOfBlocks (nothing changed) unless ``need`` blocks can be taken now, beyond
-        ``held_back`` usable blocks the caller will revive; completed launches are reclaimed
-        first if that is what it takes."""
-        if need > self.pool.usable() - held_back:
-            self.reclaim()
-            available = self.pool.usable() - held_back
-            if need > available:
-                raise OutOfBlocks(need, available)
+    def _plan_room(self, need: int, hits: Sequence[int] = ()) -> list[Launch]:
+        """Decide, changing nothing, whether ``need`` new blocks can be taken beyond the
+        ``hits`` the call revives. Returns the completed launches (their events say done) to
+        reclaim first when the blocks they would release are needed; raises OutOfBlocks
+        otherwise, or EventError if an event fails."""
+        pool = self.pool
+        state, pending = pool.state, pool.pending
+        available = pool.usable() - sum(
+            1 for b in hits if state[b] == CACHED and pending[b] == 0
+        )
+        if need <= available:
+            return []
+        done = [launch for launch in self._inflight.values() if launch.event_done()]
+        released: Counter[int] = Counter()
+        for launch in done:
+            for b, _ in launch.accesses:
+                released[b] += 1
+        gained = 0
+        for b, n in released.items():
+            if pending[b] == n and (state[b] == RECLAIMED or state[b] == CACHED):
+                gained += 1
+        # A hit that the completions would make idle is counted in ``gained`` and revived.
+        gained -= sum(1 for b in hits if state[b] == CACHED and 0 < pending[b] == released[b])
+        if need > available + gained:
+            raise OutOfBlocks(need, available + gained, pool.waiting() - gained)
+        return done
+
+    def _reclaim_launches(self, done: Iterable[Launch]) -> None:
+        for launch in done:
+            self._complete(launch, False)
 
     def _req(self, rid: Hashable) -> _Request:
         try:
             return self._requests[rid]
-        except (KeyError, TypeError):
+        except KeyError:
             raise UnknownRequest(f"unknown request {rid!r}") from None
+        except TypeError:
+            raise InvalidArgument(
+                f"request ids must be hashable, got {type(rid).__name__}"
+            ) from None
 
+    @_locked
     def allocate(self, rid: Hashable, num_tokens: int) -> list[int]:
         """Grow rid's table to cover ``num_tokens`` positions (spec: share for prefix hits on the
-        first call, then allocate — evicting LRU cached blocks as needed). All or nothing."""
+        first call, then allocate — evicting LRU cached blocks as needed). All or nothing.
+
+        The first call takes every prefix hit the cache has at that moment, whatever the first
+        chunk: the table then covers at least the hit positions (``num_computed(rid)``), so a
+        chunked prefill never recomputes cached KV. Completed launches are reclaimed only when
+        the call needs the blocks they release and goes ahead."""
         req = self._req(rid)
-        check_count(num_tokens, "num_tokens")
+        num_tokens = check_count(num_tokens, "num_tokens")
         if num_tokens < req.reserved:
             raise InvalidArgument(
                 f"request {rid!r} already covers {req.reserved} positions; tables only grow"
             )
-        hits = [] if req.started else self._hits(req, num_tokens)
-        need = blocks_needed(num_tokens, self.block_size) - len(req.table) - len(hits)
+        hits = [] if req.started else self._hits(req)
+        B = self.block_size
+        reserved = max(num_tokens, len(hits) * B)
+        need = blocks_needed(reserved, B) - len(req.table) - len(hits)
         pool = self.pool
-        revived = sum(1 for b in hits if pool.state[b] == CACHED and pool.pending[b] == 0)
-        self._ensure_room(need, held_back=revived)
+        self._reclaim_launches(self._plan_room(need, hits))
         for b in hits:
             pool.share(b, rid)
             req.table.append(b)
@@ -225,20 +304,24 @@ class BlockAllocator:
             self._prefix_hit_tokens += req.computed
         for _ in range(need):
             req.table.append(pool.take(rid))
-        req.reserved = num_tokens
+        self._reserved_total += reserved - req.reserved
+        self._entries_total += need + len(hits)
+        req.reserved = reserved
         return list(req.table)
 
+    @_locked
     def append_tokens(self, rid: Hashable, token_ids: Sequence[int]) -> None:
         """Record generated tokens, so that the blocks they fill can be hashed at commit."""
         req = self._req(rid)
         req.tokens.extend(_check_tokens(token_ids))
         self._extend_hashes(req)
 
+    @_locked
     def commit(self, rid: Hashable, num_tokens: int) -> None:
         """Positions below ``num_tokens`` are written (their launches completed): full blocks
         below it become REFERENCED and enter the prefix cache (spec: commit)."""
         req = self._req(rid)
-        check_count(num_tokens, "num_tokens")
+        num_tokens = check_count(num_tokens, "num_tokens")
         B = self.block_size
         if num_tokens < req.computed:
             raise CommitError(f"{rid!r} already committed {req.computed} positions")
@@ -267,6 +350,7 @@ class BlockAllocator:
                 pool.commit(b, rid, h)
         req.committed_blocks = max(req.committed_blocks, full)
 
+    @_locked
     def fork(self, parent: Hashable, child: Hashable) -> list[int]:
         """The child shares the parent's blocks (spec: open_holder, share each; blocks the
         parent has not published yet are unwritten, so the child takes fresh ones: allocate).
@@ -284,13 +368,17 @@ class BlockAllocator:
             b for b, f in zip(p.table, fresh, strict=True)
             if not f and not share.guard(CONCRETE, pool.view, b=b, r=child)
         ]
-        if bad or sum(fresh) > pool.usable():
-            pool.close_holder(child)
+        try:
             if bad:
+                why = "; ".join(failed_conditions(share.guard, pool.view, b=bad[0], r=child))
                 raise GuardViolation(
-                    "share", f"blocks {bad[:8]} of {parent!r} have a writing launch pending"
+                    "share", f"fork({parent!r}, {child!r}) cannot share blocks {bad[:8]}: {why}"
                 )
-            raise OutOfBlocks(sum(fresh), pool.usable())
+            done = self._plan_room(sum(fresh))
+        except AllocatorError:
+            pool.close_holder(child)
+            raise
+        self._reclaim_launches(done)
         table = [
             pool.take(child) if f else b for b, f in zip(p.table, fresh, strict=True)
         ]
@@ -302,33 +390,63 @@ class BlockAllocator:
             table, p.reserved, p.issued, p.computed, p.committed_blocks, p.started,
         )
         self._requests[child] = c
+        self._reserved_total += c.reserved
+        self._entries_total += len(c.table)
         return list(c.table)
 
+    @_locked
     def free(self, rid: Hashable) -> None:
         """Release the request's blocks in reverse order, so its tail is evicted first
-        (spec: release each, then close_holder). Preemption is free + add_request."""
+        (spec: release each, then close_holder). Preemption is free + add_request. Blocks an
+        in-flight launch may still read wait (RECLAIMED, or CACHED but busy) for it."""
         req = self._req(rid)
         for b in reversed(req.table):
             self.pool.release(b, rid)
         self.pool.close_holder(rid)
         del self._requests[rid]
+        self._reserved_total -= req.reserved
+        self._entries_total -= len(req.table)
 
     # ---- launches ----------------------------------------------------------------------------
+    def _check_rids(self, rids: Any) -> tuple[Hashable, ...]:
+        if isinstance(rids, _NOT_SEQUENCES):
+            raise InvalidArgument(
+                f"publish takes an ordered sequence of request ids, not a {type(rids).__name__}"
+            )
+        try:
+            rids = tuple(rids)
+        except TypeError:
+            raise InvalidArgument(
+                f"publish takes a sequence of request ids, got {type(rids).__name__}"
+            ) from None
+        if not rids:
+            raise InvalidArgument("publish needs at least one request")
+        try:
+            distinct = len(set(rids))
+        except TypeError:
+            raise InvalidArgument("request ids must be hashable") from None
+        if distinct != len(rids):
+            raise InvalidArgument("a request appears twice in one launch")
+        return rids
+
+    @_locked
     def publish(self, rids: Sequence[Hashable]) -> Launch:
         """Hand the requests' tables to kernels: ALLOCATED blocks are published, every used
         block is pinned (spec: publish, begin_access), shared partial blocks about to be
         written are copied first (spec: allocate, publish, begin_access, release).
 
+        A copy-on-write source is read by this launch, so it is pinned like every other block
+        the launch reads: it cannot be recycled before the launch completes, and no block is
+        both a copy source and a copy destination. Of several writers of one shared partial
+        block in one launch, each copies while another holder remains; the last one writes in
+        place.
+
         Every position written must have a known token id (``TokensUnknown`` otherwise), so
         that a fork or a prefix commit of that KV knows which tokens it holds."""
-        rids = tuple(rids)
-        if not rids:
-            raise InvalidArgument("publish needs at least one request")
-        if len(set(rids)) != len(rids):
-            raise InvalidArgument("a request appears twice in one launch")
+        rids = self._check_rids(rids)
         reqs = [self._req(r) for r in rids]
         B, pool = self.block_size, self.pool
-        cow: list[_Request] = []
+        writers: Counter[int] = Counter()  # shared partial block -> writers in this launch
         for req in reqs:
             if req.reserved == 0:
                 raise InvalidArgument(f"request {req.rid!r} has no allocated positions")
@@ -339,22 +457,27 @@ class BlockAllocator:
                     f"{len(req.tokens)} token ids are known: append_tokens first"
                 )
             if req.issued < req.reserved and req.issued % B:
-                if pool.ref[req.table[req.issued // B]] > 1:
-                    cow.append(req)
-        self._ensure_room(len(cow))
+                b = req.table[req.issued // B]
+                if pool.ref[b] > 1:
+                    writers[b] += 1
+        copies_needed = sum(min(k, pool.ref[b] - 1) for b, k in writers.items())
+        self._reclaim_launches(self._plan_room(copies_needed))
         copies: list[tuple[int, int]] = []
         accesses: list[tuple[int, bool]] = []
+        for req in reqs:
+            i = req.issued // B
+            if req.issued < req.reserved and req.issued % B and pool.ref[req.table[i]] > 1:
+                src = req.table[i]
+                dst = pool.take(req.rid)
+                pool.publish(dst, req.rid)
+                pool.begin_access(src, req.rid, 0)  # the copy reads src until completion
+                accesses.append((src, False))
+                req.table[i] = dst
+                pool.release(src, req.rid)
+                copies.append((src, dst))
+        copied = {dst for _, dst in copies}
         tables, gens, slots = [], [], []
         seq_lens, query_lens = [], []
-        for req in cow:
-            i = req.issued // B
-            src = req.table[i]
-            dst = pool.take(req.rid)
-            pool.publish(dst, req.rid)
-            req.table[i] = dst
-            pool.release(src, req.rid)
-            copies.append((src, dst))
-        copied = {dst for _, dst in copies}
         for req in reqs:
             writes = writes_per_block(B, req.issued, req.reserved)
             for i, b in enumerate(req.table):
@@ -377,6 +500,7 @@ class BlockAllocator:
         for k, (t, g) in enumerate(zip(tables, gens, strict=True)):
             bt[k, : len(t)] = t
             tg[k, : len(g)] = g
+        self._launches_published += 1
         launch = Launch(
             rids=rids,
             block_tables=bt,
@@ -388,88 +512,155 @@ class BlockAllocator:
             accesses=tuple(accesses),
             _on_complete=self._complete,
             _generation_of=lambda: self.pool.gen,
+            seq=self._launches_published,
         )
-        self._inflight[id(launch)] = launch
+        self._inflight[launch.seq] = launch
         return launch
 
-    def _complete(self, launch: Launch) -> None:
-        for b, writes in launch.accesses:
-            self.pool.end_access(b, writes)
-        launch.completed = True
-        self._inflight.pop(id(launch), None)
+    def _complete(self, launch: Launch, strict: bool) -> None:
+        """End the launch's accesses (spec: end_access each, recycling what waited for it)."""
+        with self._lock:
+            if launch.completed:
+                if strict:
+                    raise LaunchAlreadyCompleted(f"{launch!r} already completed")
+                return
+            for b, writes in launch.accesses:
+                self.pool.end_access(b, writes)
+            launch.completed = True
+            self._inflight.pop(launch.seq, None)
 
+    @_locked
     def reclaim(self) -> int:
         """Complete the launches whose recorded events are done; reclaimed blocks they pinned
-        become FREE (spec: end_access, recycle). Returns how many blocks became FREE."""
+        become FREE (spec: end_access, recycle). Returns how many blocks became FREE.
+
+        Every event is queried before anything changes: if one fails (``EventError``),
+        nothing is completed."""
+        done = [launch for launch in self._inflight.values() if launch.event_done()]
         before = self.pool.count[FREE]
-        for launch in list(self._inflight.values()):
-            launch.poll()
+        self._reclaim_launches(done)
         return self.pool.count[FREE] - before
 
+    @_locked
     def validate(self, launch: Launch) -> None:
         """Raise StaleTableError if the launch's tables name a block reclaimed since."""
+        if not isinstance(launch, Launch):
+            raise InvalidArgument(f"validate takes a Launch, got {type(launch).__name__}")
+        if getattr(launch._on_complete, "__self__", None) is not self:
+            raise InvalidArgument(f"{launch!r} was published by another allocator")
         launch.check_current()
 
     @property
     def inflight(self) -> tuple[Launch, ...]:
-        return tuple(self._inflight.values())
+        with self._lock:
+            return tuple(self._inflight.values())
 
     # ---- queries -----------------------------------------------------------------------------
+    @_locked
     def state(self, block_id: int) -> int:
         return self.pool.state[self.pool.check_block_id(block_id)]
 
+    @_locked
     def ref_count(self, block_id: int) -> int:
         return self.pool.ref[self.pool.check_block_id(block_id)]
 
+    @_locked
     def block_table(self, rid: Hashable) -> list[int]:
         return list(self._req(rid).table)
 
+    @_locked
     def num_computed(self, rid: Hashable) -> int:
         return self._req(rid).computed
 
+    @_locked
     def num_reserved(self, rid: Hashable) -> int:
         return self._req(rid).reserved
 
+    @_locked
     def block_generations(self) -> np.ndarray:
         """Each block's current generation (int32), for kernels' checked launch mode."""
         return np.asarray(self.pool.gen, dtype=np.int32)
 
     @property
     def requests(self) -> tuple[Hashable, ...]:
-        return tuple(self._requests)
+        with self._lock:
+            return tuple(self._requests)
 
+    @_locked
     def attach_pool(self, kv_pool: Any) -> None:
         """Attach a device KV pool (e.g. ``pagedkv.kernels.KVCachePool``): its block count and
         block size must match; its memory figures then appear in ``stats()``."""
         for attr, mine in (("num_blocks", self.num_blocks), ("block_size", self.block_size)):
             theirs = getattr(kv_pool, attr, None)
-            if theirs != mine:
+            if not isinstance(theirs, int | np.integer) or isinstance(theirs, bool) or (
+                    theirs != mine):
                 raise InvalidArgument(f"pool {attr} is {theirs!r}, the allocator's is {mine}")
+        for attr in ("bytes_per_block", "reserved_bytes"):
+            check_count(getattr(kv_pool, attr, None), f"pool {attr}")
         self._attached_pool = kv_pool
 
+    @_locked
     def stats(self) -> dict[str, int]:
-        c, pool = self.pool.count, self.pool
+        """Exact counts, O(1) per call (kept up to date by every transition). In blocks:
+
+        - ``free``: FREE blocks, reusable at once.
+        - ``evictable_now``: zero-ref CACHED blocks no in-flight launch reads: a prefix hit
+          revives them, an allocation may evict and reuse them at once.
+        - ``evictable_after_launches``: CACHED blocks an in-flight launch still reads: a hit may
+          revive them, but they are reused only after those launches complete.
+        - ``cached``: all zero-ref CACHED blocks (the two above).
+        - ``reclaimed_waiting``: RECLAIMED blocks (no holder, no hash, content invalid) waiting
+          for the in-flight launches that saw them; then FREE.
+        - ``waiting_on_launches``: ``evictable_after_launches + reclaimed_waiting``, the blocks
+          that become allocatable only when in-flight launches complete.
+        - ``pinned_by_launches``: blocks, in any state, that an in-flight launch reads or writes.
+        - ``held``: blocks some live request's table holds (ref > 0), each counted once.
+        - ``allocatable_now``: ``free + evictable_now``, what an allocation can take right now.
+        - ``admission_headroom``: ``num_blocks - held``, what becomes allocatable without
+          freeing any request once in-flight launches complete.
+        - ``occupancy_blocks``: table entries over all live requests (a block shared by k
+          tables counts k times; ``occupancy_blocks - held`` blocks are saved by sharing).
+        - ``occupancy_tokens``: positions reserved over all live requests' tables.
+        - ``tail_waste_slots``: ``occupancy_blocks * block_size - occupancy_tokens``, reserved
+          slots past each table's last position.
+        - ``prefix_hit_tokens``: positions taken from the prefix cache since creation.
+        - ``inflight_launches``: published launches not completed yet.
+
+        With a ``KVCachePool`` attached: ``bytes_per_block`` (all layers, K and V),
+        ``reserved_bytes`` (the pool's whole device allocation), ``in_use_bytes``
+        (``held * bytes_per_block``) and ``cached_bytes`` (``cached * bytes_per_block``).
+        """
+        pool = self.pool
+        c = pool.count
+        held = c[ALLOCATED] + c[PUBLISHED] + c[REFERENCED]
+        busy = pool.cached_busy
         out = {
             "free": c[FREE],
-            "evictable_cached": c[CACHED],
-            "in_use": c[ALLOCATED] + c[PUBLISHED] + c[REFERENCED],
-            "reclaimed_pending": c[RECLAIMED],
-            "admission_headroom": c[FREE] + c[CACHED],
-            "allocatable_now": pool.usable(),
+            "evictable_now": c[CACHED] - busy,
+            "evictable_after_launches": busy,
+            "cached": c[CACHED],
+            "reclaimed_waiting": c[RECLAIMED],
+            "waiting_on_launches": c[RECLAIMED] + busy,
+            "pinned_by_launches": pool.pinned,
+            "held": held,
+            "allocatable_now": c[FREE] + c[CACHED] - busy,
+            "admission_headroom": self.num_blocks - held,
+            "occupancy_blocks": self._entries_total,
+            "occupancy_tokens": self._reserved_total,
+            "tail_waste_slots": self._entries_total * self.block_size - self._reserved_total,
             "prefix_hit_tokens": self._prefix_hit_tokens,
-            "tail_waste_slots": sum(
-                len(r.table) * self.block_size - r.reserved for r in self._requests.values()
-            ),
             "inflight_launches": len(self._inflight),
         }
         if self._attached_pool is not None:
             per = int(self._attached_pool.bytes_per_block)
             out["bytes_per_block"] = per
             out["reserved_bytes"] = int(self._attached_pool.reserved_bytes)
-            out["in_use_bytes"] = out["in_use"] * per
+            out["in_use_bytes"] = held * per
+            out["cached_bytes"] = c[CACHED] * per
         return out
 
     # ---- the spec view -----------------------------------------------------------------------
+    @_locked
     def abstract(self) -> Abstraction:
         """The allocator's state mapped to the spec's state, plus its tables."""
         tables = tuple(
@@ -486,10 +677,15 @@ class BlockAllocator:
         )
         return Abstraction(self.pool.abstract(), tables)
 
+    @_locked
     def check_invariants(self) -> None:
         """Scan everything; raise InvariantViolation naming the first invariant that fails."""
         a = self.abstract()
         found = violations(a.pool, a.tables) + self.pool.structure_errors()
+        reserved = sum(r.reserved for r in self._requests.values())
+        entries = sum(len(r.table) for r in self._requests.values())
+        if (reserved, entries) != (self._reserved_total, self._entries_total):
+            found.append(("table_covers_reserved", "stats totals differ from the tables"))
         if found:
             name, where = found[0]
             raise InvariantViolation(name, f"at {where!r}" + (

@@ -27,19 +27,40 @@ class TokensUnknown(InvalidArgument):
 
 
 class OutOfBlocks(AllocatorError):
-    """Not enough free or evictable blocks; nothing was changed."""
+    """Not enough free or evictable blocks; nothing was changed.
 
-    def __init__(self, needed: int, available: int) -> None:
-        super().__init__(f"need {needed} blocks, only {available} free or evictable")
+    ``available`` is what the call could have taken (after reclaiming completed launches);
+    ``waiting`` counts blocks that become usable only when in-flight launches complete.
+    """
+
+    def __init__(self, needed: int, available: int, waiting: int = 0) -> None:
+        msg = f"need {needed} blocks, only {available} free or evictable"
+        if waiting:
+            msg += f" ({waiting} more wait for in-flight launches to complete)"
+        super().__init__(msg)
         self.needed = needed
         self.available = available
+        self.waiting = waiting
+
+
+class EventError(AllocatorError):
+    """A launch's completion event failed when queried (e.g. the device was lost).
+
+    Nothing was changed: the launch stays in flight and its blocks stay pinned. ``launch`` is
+    the launch whose event failed; the original exception is ``__cause__``.
+    """
+
+    def __init__(self, launch: object, detail: str) -> None:
+        super().__init__(f"completion event of {launch!r} failed: {detail}")
+        self.launch = launch
 
 
 class GuardViolation(AllocatorError):
-    """A spec transition was attempted whose guard does not hold."""
+    """A spec transition was attempted whose guard does not hold; the message says, in words,
+    which of its conditions failed."""
 
     def __init__(self, transition: str, detail: str = "") -> None:
-        msg = f"guard of transition {transition!r} does not hold"
+        msg = f"{transition} refused"
         super().__init__(f"{msg}: {detail}" if detail else msg)
         self.transition = transition
 

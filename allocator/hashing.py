@@ -9,8 +9,9 @@ the same bytes, whatever strings they carry (see ``encode_fields``).
 from __future__ import annotations
 
 import hashlib
+import operator
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .errors import InvalidArgument
@@ -24,6 +25,15 @@ KIND_STR = 4
 KIND_INT = 5
 KIND_BYTES = 6
 _EXTRA_KINDS = {str: KIND_STR, int: KIND_INT, bytes: KIND_BYTES}
+_PLAIN_KEY_TYPES = frozenset(_EXTRA_KINDS)
+_INT_ONLY = frozenset({int})
+_PARENT_LIMIT = 1 << 256  # a parent hash is a sha256 digest (0: no parent)
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+# Containers that are refused where a sequence of token ids or of extra keys is expected: a
+# bare string would be silently split into characters (bytes into small ints), and a set's
+# iteration order is not stable across processes (str hashing is randomized).
+_NOT_A_SEQUENCE = (str, bytes, bytearray, memoryview)
+_UNORDERED = (set, frozenset, Mapping)
 
 
 def frame(kind: int, payload: bytes) -> bytes:
@@ -62,29 +72,177 @@ def decode_fields(data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+def _is_bool(x: Any) -> bool:
+    """A Python or numpy boolean (never accepted as an integer here)."""
+    t = type(x)
+    return isinstance(x, bool) or (t.__module__ == "numpy" and t.__name__ in ("bool_", "bool"))
+
+
+def _as_int(name: str, x: Any) -> int:
+    """``x`` as a plain int: any integral non-bool value (Python or numpy integer)."""
+    if type(x) is int:
+        return x
+    if _is_bool(x):
+        raise InvalidArgument(f"{name} must be an int, not bool")
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise InvalidArgument(f"{name} must be an int, got {type(x).__name__}") from None
+
+
+def _check_parent(parent: Any) -> int:
+    p = _as_int("parent hash", parent)
+    if not 0 <= p < _PARENT_LIMIT:
+        raise InvalidArgument(f"parent hash must lie in [0, 2**256), got {p}")
+    return p
+
+
+def _token_list(token_ids: Any) -> list[int]:
+    """The token ids as a list of plain ints in int64 range (the validating slow path)."""
+    if isinstance(token_ids, _NOT_A_SEQUENCE):
+        raise InvalidArgument(
+            f"token ids must be a sequence of ints, not a bare {type(token_ids).__name__}"
+        )
+    if isinstance(token_ids, _UNORDERED) or not hasattr(token_ids, "__len__"):
+        raise InvalidArgument(
+            f"token ids must be a sequence of ints, got {type(token_ids).__name__}"
+        )
+    try:
+        items = list(token_ids)
+    except TypeError:  # e.g. a 0-d numpy array
+        raise InvalidArgument(
+            f"token ids must be a sequence of ints, got {type(token_ids).__name__}"
+        ) from None
+    out = items if set(map(type, items)) <= _INT_ONLY else [_as_int("token id", t) for t in items]
+    if out and (min(out) < _I64_MIN or max(out) > _I64_MAX):
+        bad = next(t for t in out if not _I64_MIN <= t <= _I64_MAX)
+        raise InvalidArgument(f"token id not a 64-bit integer: {bad}")
+    return out
+
+
 def encode_tokens(token_ids: Sequence[int]) -> bytes:
     """Token ids as fixed-width signed 8-byte big-endian integers.
 
+    ``token_ids``: a sequence of non-bool integers (numpy integers too) in int64 range, else
+    ``InvalidArgument``.
+
     post: len(__return__) == 8 * len(token_ids)
     """
+    if type(token_ids) is list or type(token_ids) is tuple:  # the hot path
+        try:  # struct takes any integer (operator.index) and refuses floats, str, None, ...
+            data = struct.pack(f">{len(token_ids)}q", *token_ids)
+        except (struct.error, OverflowError) as exc:  # numpy uint64 overflows
+            raise InvalidArgument(f"token id not a 64-bit integer: {exc}") from None
+        if bool not in map(type, token_ids):  # ... but not bool
+            return data
+    tokens = _token_list(token_ids)
+    return struct.pack(f">{len(tokens)}q", *tokens)
+
+
+def _canonical_key(key: Any) -> str | int | bytes:
+    """An extra key as a plain str, int or bytes; anything else is refused."""
+    t = type(key)
+    if t in _PLAIN_KEY_TYPES:
+        return key
+    if _is_bool(key):
+        raise InvalidArgument("extra keys must be str, int or bytes, not bool")
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, bytes):
+        return bytes(key)
     try:
-        return struct.pack(f">{len(token_ids)}q", *token_ids)
-    except struct.error as exc:
-        raise InvalidArgument(f"token id not a 64-bit integer: {exc}") from None
+        return operator.index(key)  # numpy and other integers
+    except TypeError:
+        raise InvalidArgument(f"extra keys must be str, int or bytes, not {t.__name__}") from None
+
+
+def normalize_extra_keys(extra_keys: Iterable[Any]) -> tuple[str | int | bytes, ...]:
+    """Validate a sequence of extra keys; return it as a tuple of plain str / int / bytes.
+
+    A bare str, bytes, bytearray or memoryview (which would be split into characters or small
+    ints), an unordered set, a non-iterable (e.g. None) and any key that is not a str (valid
+    unicode), a non-bool integer (numpy integers become ints) or bytes raise
+    ``InvalidArgument``. The result is accepted by ``block_hash`` and ``chain_hashes`` as is.
+    """
+    keys = _keys(extra_keys)
+    for k in keys:
+        if type(k) is str and not k.isascii():
+            _encode_key(k)  # raises on a string utf-8 cannot encode (lone surrogates)
+    return keys
+
+
+def _keys(extra_keys: Iterable[Any]) -> tuple[str | int | bytes, ...]:
+    """``normalize_extra_keys`` without the unicode check (``_encode_key`` makes it later)."""
+    if type(extra_keys) is tuple and (
+        not extra_keys or set(map(type, extra_keys)) <= _PLAIN_KEY_TYPES
+    ):  # the hot path
+        return extra_keys
+    if isinstance(extra_keys, _NOT_A_SEQUENCE):
+        raise InvalidArgument(
+            f"extra_keys must be a sequence of keys, not a bare {type(extra_keys).__name__} "
+            f"(wrap a single key in a tuple: ({extra_keys!r},))"
+        )
+    if isinstance(extra_keys, _UNORDERED):
+        raise InvalidArgument(
+            f"extra_keys must be an ordered sequence, not a {type(extra_keys).__name__}"
+        )
+    if type(extra_keys) is tuple:
+        keys = extra_keys
+    else:
+        try:
+            keys = tuple(extra_keys)
+        except TypeError:
+            raise InvalidArgument(
+                f"extra_keys must be a sequence of keys, got {type(extra_keys).__name__}"
+            ) from None
+    if not keys or set(map(type, keys)) <= _PLAIN_KEY_TYPES:
+        return keys
+    return tuple(_canonical_key(k) for k in keys)
+
+
+def _encode_key(key: Any) -> tuple[int, bytes]:
+    """The (kind, payload) of a canonical key (a plain str, int or bytes)."""
+    kind = _EXTRA_KINDS[type(key)]
+    if kind == KIND_STR:
+        try:
+            return kind, key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"extra key {key!r} is not valid unicode") from None
+    if kind == KIND_INT:
+        return kind, key.to_bytes((key.bit_length() + 8) // 8 + 1, "big", signed=True)
+    return kind, bytes(key)
 
 
 def encode_extra_key(key: Any) -> tuple[int, bytes]:
     """An extra key (adapter id, multimodal hash, ...) tagged by its kind."""
-    if isinstance(key, bool):
-        raise InvalidArgument("extra keys must be str, int or bytes, not bool")
-    kind = _EXTRA_KINDS.get(type(key))
-    if kind is None:
-        raise InvalidArgument(f"extra keys must be str, int or bytes, not {type(key).__name__}")
-    if kind == KIND_STR:
-        return kind, key.encode("utf-8")
-    if kind == KIND_INT:
-        return kind, key.to_bytes((key.bit_length() + 8) // 8 + 1, "big", signed=True)
-    return kind, bytes(key)
+    return _encode_key(_canonical_key(key))
+
+
+def _salt_bytes(salt: Any) -> bytes:
+    """A (non-None) cache salt as bytes: a str (utf-8) or bytes, else ``InvalidArgument``."""
+    if isinstance(salt, str):
+        try:
+            return salt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"salt {salt!r} is not valid unicode") from None
+    if isinstance(salt, bytes):
+        return bytes(salt)
+    raise InvalidArgument(f"salt must be str, bytes or None, got {type(salt).__name__}")
+
+
+def _digest(
+    parent: int, tokens: bytes, keys: tuple[str | int | bytes, ...], salt: bytes | None
+) -> int:
+    """The hash of checked fields: parent in [0, 2**256), encoded tokens, canonical keys."""
+    fields: list[tuple[int, bytes]] = [
+        (KIND_PARENT, parent.to_bytes(32, "big")),
+        (KIND_TOKENS, tokens),
+    ]
+    if salt is not None:
+        fields.append((KIND_SALT, salt))
+    fields += [_encode_key(k) for k in keys]
+    digest = hashlib.sha256(_DOMAIN + encode_fields(fields)).digest()
+    return int.from_bytes(digest, "big") or 1  # 0 is the spec's NO_HASH
 
 
 def block_hash(
@@ -93,16 +251,16 @@ def block_hash(
     extra_keys: Iterable[Any] = (),
     salt: str | bytes | None = None,
 ) -> int:
-    """The non-zero integer hash of one full block, chained on its parent's hash (0 for none)."""
-    fields: list[tuple[int, bytes]] = [
-        (KIND_PARENT, parent.to_bytes(32, "big")),
-        (KIND_TOKENS, encode_tokens(token_ids)),
-    ]
-    if salt is not None:
-        fields.append((KIND_SALT, salt.encode("utf-8") if isinstance(salt, str) else bytes(salt)))
-    fields += [encode_extra_key(k) for k in extra_keys]
-    digest = hashlib.sha256(_DOMAIN + encode_fields(fields)).digest()
-    return int.from_bytes(digest, "big") or 1  # 0 is the spec's NO_HASH
+    """The non-zero integer hash of one full block, chained on its parent's hash (0 for none).
+
+    ``parent``: an int in ``[0, 2**256)``; ``token_ids``: a sequence of ints in int64 range;
+    ``extra_keys``: see ``normalize_extra_keys``; ``salt``: str, bytes or None. Anything else
+    raises ``InvalidArgument``.
+    """
+    if type(parent) is not int or not 0 <= parent < _PARENT_LIMIT:
+        parent = _check_parent(parent)
+    return _digest(parent, encode_tokens(token_ids), _keys(extra_keys),
+                   None if salt is None else _salt_bytes(salt))
 
 
 def chain_hashes(
@@ -114,14 +272,24 @@ def chain_hashes(
     extra_keys: Sequence[Any] = (),
     salt: str | bytes | None = None,
 ) -> list[int]:
-    """Hashes of the full blocks from block index ``start`` on; ``parent`` is block start-1's."""
+    """Hashes of the full blocks from block index ``start`` on; ``parent`` is block start-1's.
+
+    ``block_size`` must be an int >= 1 and ``start`` an int >= 0; the other arguments are
+    checked as by ``block_hash`` (all of them before any hashing).
+    """
+    B = _as_int("block_size", block_size)
+    if not 1 <= B <= _I64_MAX:
+        raise InvalidArgument(f"block_size must be in [1, 2**63), got {B}")
+    first = _as_int("start", start)
+    if not 0 <= first <= _I64_MAX:
+        raise InvalidArgument(f"start must be in [0, 2**63), got {first}")
+    h = _check_parent(parent)
+    data = encode_tokens(token_ids)  # every token checked, and encoded once
+    keys = normalize_extra_keys(extra_keys)
+    salt_b = None if salt is None else _salt_bytes(salt)
+    w = 8 * B  # bytes per block
     out: list[int] = []
-    for i in range(start, len(token_ids) // block_size):
-        parent = block_hash(
-            parent,
-            token_ids[i * block_size : (i + 1) * block_size],
-            extra_keys,
-            salt if i == 0 else None,
-        )
-        out.append(parent)
+    for i in range(first, len(data) // w):
+        h = _digest(h, data[i * w : (i + 1) * w], keys, salt_b if i == 0 else None)
+        out.append(h)
     return out

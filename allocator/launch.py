@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import AllocatorError, StaleTableError
+from .errors import AllocatorError, EventError, StaleTableError
 
 
 class Event(Protocol):
@@ -21,9 +21,15 @@ class LaunchAlreadyCompleted(AllocatorError):
     """``complete()`` on a launch that already completed: its pins were released once."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Launch:
     """One step's block tables, sequence lengths and slot mapping, pinned until completion.
+
+    ``seq`` numbers launches in publish order (per allocator, from 1).
+
+    Concurrency: ``complete()`` (and ``reclaim()``'s polling of recorded events) may be called
+    from any thread; the allocator serializes them with its own lock, so a launch completes
+    exactly once however the calls race.
 
     ``block_tables`` int32 [n, max_blocks] padded with -1; ``seq_lens`` int32 [n];
     ``query_lens`` int32 [n] (positions this launch writes, the last ones of each sequence);
@@ -40,10 +46,15 @@ class Launch:
     table_generations: np.ndarray
     copies: np.ndarray
     accesses: Sequence[tuple[int, bool]] = field(repr=False)
-    _on_complete: Callable[[Launch], None] = field(repr=False)
+    _on_complete: Callable[[Launch, bool], None] = field(repr=False)
     _generation_of: Callable[[], Sequence[int]] = field(repr=False)
-    event: Any = field(default=None, repr=False)
+    seq: int = 0
+    event: Any = None
     completed: bool = False
+
+    def __repr__(self) -> str:
+        status = "completed" if self.completed else "in flight"
+        return f"<Launch #{self.seq} of {list(self.rids)!r}, {status}>"
 
     def record(self, event: Event) -> None:
         """Complete this launch automatically (at ``reclaim()``) once ``event.query()`` is True."""
@@ -51,17 +62,28 @@ class Launch:
             raise TypeError("event must have a query() -> bool method (e.g. torch.cuda.Event)")
         self.event = event
 
+    def event_done(self) -> bool:
+        """Whether the launch completed or its recorded event says the kernels are done.
+        Changes nothing; an event whose ``query()`` raises is an ``EventError``."""
+        if self.completed:
+            return True
+        if self.event is None:
+            return False
+        try:
+            return bool(self.event.query())
+        except Exception as exc:
+            raise EventError(self, f"{type(exc).__name__}: {exc}") from exc
+
     def poll(self) -> bool:
         """Complete the launch if its recorded event says the kernels are done."""
-        if not self.completed and self.event is not None and self.event.query():
-            self.complete()
+        if self.event_done():
+            self._on_complete(self, False)
         return self.completed
 
     def complete(self) -> None:
-        """The kernels that used these tables are done: unpin (spec: end_access per block)."""
-        if self.completed:
-            raise LaunchAlreadyCompleted("launch already completed")
-        self._on_complete(self)
+        """The kernels that used these tables are done: unpin (spec: end_access per block).
+        ``LaunchAlreadyCompleted`` if it already completed (its pins were released once)."""
+        self._on_complete(self, True)
 
     def check_current(self) -> None:
         """Raise StaleTableError if any table entry's block has been reclaimed since publish."""

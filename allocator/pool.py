@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Any
 
+import numpy as np
+
 from pagedkv.spec import (
     ALL_STATES,
     ALLOCATED,
@@ -29,8 +31,8 @@ from pagedkv.spec import (
     Arr,
     Overlay,
     PoolState,
-    state_name,
 )
+from pagedkv.spec.explain import failed_conditions
 
 from .compiled import (
     effect_agrees,
@@ -48,7 +50,10 @@ from .errors import (
     PublishError,
 )
 from .lru import BlockQueue
-from .table import check_block_size, check_count
+from .table import MAX_COUNT, check_block_size, check_count
+
+MAX_BLOCKS = 2**31 - 1  # block ids are int32 in the tables handed to kernels
+MAX_HASH = 2**256 - 1  # block hashes are sha256 digests
 
 _GUARD_ERRORS: dict[str, type[GuardViolation]] = {
     "release": DoubleFree,
@@ -143,9 +148,19 @@ class BlockPool:
     """Physical blocks, their lifecycle states, the eviction queue and the prefix-hash map."""
 
     def __init__(self, num_blocks: int, block_size: int, *, checked: bool = True) -> None:
-        if check_count(num_blocks, "num_blocks") == 0:
+        # Block ids are int32 in block tables; slots (block * B + offset) are int64.
+        num_blocks = check_count(num_blocks, "num_blocks", MAX_BLOCKS)
+        if num_blocks == 0:
             raise InvalidArgument("num_blocks must be >= 1")
-        check_block_size(block_size)
+        block_size = check_block_size(block_size)
+        if num_blocks * block_size > MAX_COUNT:
+            raise InvalidArgument(
+                f"num_blocks * block_size must be <= {MAX_COUNT} (int64 slot ids), got "
+                f"{num_blocks} * {block_size}"
+            )
+        if not isinstance(checked, bool | np.bool_):
+            raise InvalidArgument(f"checked must be a bool, got {type(checked).__name__}")
+        checked = bool(checked)
         n = num_blocks
         self.num_blocks = n
         self.block_size = block_size
@@ -165,6 +180,8 @@ class BlockPool:
         self.queue = BlockQueue(n)
         # CACHED blocks that a pending launch still reads: evictable, but not reusable yet.
         self.cached_busy = 0
+        # Blocks (any state) that at least one pending launch reads or writes.
+        self.pinned = 0
         # Set to a list to record every transition performed as (name, params).
         self.trace: list[tuple[str, dict[str, Any]]] | None = None
         # Compiled spec functions for this pool's arrays (see compiled.py); per name:
@@ -242,9 +259,16 @@ class BlockPool:
         t = TRANSITIONS[name]
         if entry is None or entry[0] is not t:
             entry = self._bind(name, t)
-        if not entry[1](*args):
+        try:
+            allowed = entry[1](*args)
+        except TypeError:  # an unhashable holder or hash (the guard looks it up)
+            raise InvalidArgument(
+                f"{name}: holder ids and hashes must be hashable, got "
+                f"{', '.join(type(a).__name__ for a in args)}"
+            ) from None
+        if not allowed:
             params = dict(zip(t.params, args, strict=True))
-            raise _GUARD_ERRORS.get(name, GuardViolation)(name, self._describe(params))
+            raise _GUARD_ERRORS.get(name, GuardViolation)(name, self._describe(t, params))
         if self.trace is not None:
             self.trace.append((name, dict(zip(t.params, args, strict=True))))
         if not self.checked:
@@ -364,20 +388,19 @@ class BlockPool:
                                  and b in getattr(predicted, f).changes()])
         self._check_invariants(name, touched_blocks)
 
-    def _describe(self, params: dict[str, Any]) -> str:
-        parts = [f"{k}={v!r}" for k, v in params.items()]
-        b = params.get("b")
-        if b is not None:
-            parts.append(
-                f"block {b} is {state_name(self.state[b])} ref={self.ref[b]} "
-                f"pending={self.pending[b]}"
-            )
-        return ", ".join(parts)
+    def _describe(self, t: Any, params: dict[str, Any]) -> str:
+        """The guard's failed conditions in words, then the call's arguments."""
+        failed = failed_conditions(t.guard, self.view, **params) or ["its guard does not hold"]
+        args = ", ".join(f"{k}={v!r}" for k, v in params.items())
+        return "; ".join(failed) + f" ({t.name}({args}))"
 
     def check_block_id(self, b: object) -> int:
-        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < self.num_blocks:
+        """A block id of this pool (a Python or NumPy integer, not a bool) as a Python int."""
+        if isinstance(b, bool | np.bool_) or not isinstance(b, int | np.integer):
+            raise InvalidArgument(f"block id {b!r} is not an integer")
+        if not 0 <= b < self.num_blocks:
             raise InvalidArgument(f"block id {b!r} out of range [0, {self.num_blocks})")
-        return b
+        return int(b)
 
     def _move(self, b: int, new_state: int) -> None:
         self.count[self.state[b]] -= 1
@@ -400,7 +423,7 @@ class BlockPool:
     def allocate(self, b: int, r: Hashable) -> None:
         """spec: allocate — FREE block b becomes ALLOCATED to holder r."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
-            self.check_block_id(b)
+            b = self.check_block_id(b)
         predicted = self._enter("allocate", b, r)
         self.queue.unlink(b)
         self._move(b, ALLOCATED)
@@ -413,7 +436,7 @@ class BlockPool:
     def publish(self, b: int, r: Hashable) -> None:
         """spec: publish — ALLOCATED -> PUBLISHED."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
-            self.check_block_id(b)
+            b = self.check_block_id(b)
         predicted = self._enter("publish", b, r)
         self._move(b, PUBLISHED)
         self._verify("publish", predicted, b, r)
@@ -421,8 +444,12 @@ class BlockPool:
     def begin_access(self, b: int, r: Hashable, w: int) -> None:
         """spec: begin_access — a launch through r's table reads b, or writes w of its slots."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
-            self.check_block_id(b)
+            b = self.check_block_id(b)
+        if type(w) is not int or not 0 <= w <= self.block_size:
+            w = check_count(w, "w (slots written)", self.block_size)
         predicted = self._enter("begin_access", b, r, w)
+        if self.pending[b] == 0:
+            self.pinned += 1
         self.pending[b] += 1
         if w > 0:
             self.wpend[b] += 1
@@ -432,9 +459,14 @@ class BlockPool:
     def end_access(self, b: int, writes: bool) -> None:
         """spec: end_access; then recycles b if it was reclaimed and nothing else reads it."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
-            self.check_block_id(b)
+            b = self.check_block_id(b)
+        if not isinstance(writes, bool | np.bool_):
+            raise InvalidArgument(f"writes must be a bool, got {type(writes).__name__}")
+        writes = bool(writes)
         predicted = self._enter("end_access", b, writes)
         self.pending[b] -= 1
+        if self.pending[b] == 0:
+            self.pinned -= 1
         if writes:
             self.wpend[b] -= 1
         if self.state[b] == CACHED and self.pending[b] == 0:
@@ -445,7 +477,9 @@ class BlockPool:
     def commit(self, b: int, r: Hashable, h: int) -> None:
         """spec: commit — PUBLISHED -> REFERENCED under prefix hash h."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
-            self.check_block_id(b)
+            b = self.check_block_id(b)
+        if type(h) is not int or not 0 <= h <= MAX_HASH:
+            h = check_count(h, "hash", MAX_HASH)  # the guard refuses NO_HASH itself
         predicted = self._enter("commit", b, r, h)
         self._move(b, REFERENCED)
         self.hash[b] = h
@@ -455,7 +489,7 @@ class BlockPool:
     def share(self, b: int, r: Hashable) -> None:
         """spec: share — a prefix hit or fork takes a reference (revives a CACHED block)."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
-            self.check_block_id(b)
+            b = self.check_block_id(b)
         predicted = self._enter("share", b, r)
         if self.state[b] == CACHED:
             self.queue.unlink(b)
@@ -469,7 +503,7 @@ class BlockPool:
     def release(self, b: int, r: Hashable) -> None:
         """spec: release — ref - 1; at 0 a REFERENCED block is cached, others reclaimed."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
-            self.check_block_id(b)
+            b = self.check_block_id(b)
         predicted = self._enter("release", b, r)
         self.ref[b] -= 1
         self.held[r].discard(b)
@@ -487,7 +521,7 @@ class BlockPool:
     def evict(self, b: int) -> None:
         """spec: evict — CACHED -> RECLAIMED; the hash is dropped."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
-            self.check_block_id(b)
+            b = self.check_block_id(b)
         predicted = self._enter("evict", b)
         self.queue.unlink(b)
         if self.pending[b] > 0:
@@ -500,7 +534,7 @@ class BlockPool:
     def recycle(self, b: int) -> None:
         """spec: recycle — RECLAIMED -> FREE, to the head of the queue (reused first)."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
-            self.check_block_id(b)
+            b = self.check_block_id(b)
         predicted = self._enter("recycle", b)
         self._move(b, FREE)
         self.queue.push_head(b)
@@ -520,6 +554,11 @@ class BlockPool:
     def usable(self) -> int:
         """Blocks an allocation can take now: FREE ones and CACHED ones no launch reads."""
         return self.count[FREE] + self.count[CACHED] - self.cached_busy
+
+    def waiting(self) -> int:
+        """Blocks that become usable only when in-flight launches complete: RECLAIMED ones and
+        CACHED ones a pending launch still reads."""
+        return self.count[RECLAIMED] + self.cached_busy
 
     def take(self, r: Hashable) -> int:
         """Allocate the queue's head for r, evicting cached blocks on the way (LRU order).
@@ -579,4 +618,7 @@ class BlockPool:
                    if self.state[b] == CACHED and self.pending[b] > 0)
         if busy != self.cached_busy:
             errors.append(("conservation", f"cached_busy {self.cached_busy} != {busy}"))
+        pinned = sum(1 for b in range(self.num_blocks) if self.pending[b] > 0)
+        if pinned != self.pinned:
+            errors.append(("conservation", f"pinned {self.pinned} != {pinned}"))
         return errors

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .errors import InvalidArgument
 
 
@@ -11,43 +13,57 @@ class PositionOutOfRange(InvalidArgument, IndexError):
     """A token position past what the block table covers."""
 
 
-def check_count(value: object, name: str) -> int:
-    """A non-negative Python int (bool excluded), or InvalidArgument."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__}")
+def check_int(value: object, name: str) -> int:
+    """Any integral value but a bool (a Python or NumPy integer), as a Python int."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise InvalidArgument(f"{name} must be an integer, got {type(value).__name__}")
+    return int(value)
+
+
+MAX_COUNT = 2**63 - 1  # counts and positions are int64 on the device side
+
+
+def check_count(value: object, name: str, maximum: int = MAX_COUNT) -> int:
+    """An integer in [0, maximum] (Python or NumPy, bool excluded) as a Python int, or
+    InvalidArgument."""
+    value = check_int(value, name)
     if value < 0:
         raise InvalidArgument(f"{name} must be >= 0, got {value}")
+    if value > maximum:
+        raise InvalidArgument(f"{name} must be <= {maximum}, got {value}")
     return value
 
 
 def check_block_size(block_size: object) -> int:
-    if check_count(block_size, "block_size") == 0:
+    block_size = check_count(block_size, "block_size")
+    if block_size == 0:
         raise InvalidArgument("block_size must be >= 1")
-    return block_size  # type: ignore[return-value]
+    return block_size
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks a table needs to cover ``num_tokens`` positions: ceil(num_tokens / block_size).
 
-    pre: num_tokens >= 0 and block_size >= 1
+    pre: 0 <= num_tokens < 2**63 and 1 <= block_size < 2**63
     post: __return__ * block_size >= num_tokens
     post: (__return__ - 1) * block_size < num_tokens or __return__ == 0
     """
-    check_count(num_tokens, "num_tokens")
-    check_block_size(block_size)
+    num_tokens = check_count(num_tokens, "num_tokens")
+    block_size = check_block_size(block_size)
     return -(-num_tokens // block_size)
 
 
 def resolve(block_table: Sequence[int], block_size: int, position: int) -> tuple[int, int]:
     """(physical block id, offset in block) of logical token ``position``.
 
-    pre: block_size >= 1 and 0 <= position < len(block_table) * block_size
+    pre: 1 <= block_size < 2**63 and 0 <= position < len(block_table) * block_size
+    pre: position < 2**63
     post: __return__[0] == block_table[position // block_size]
     post: 0 <= __return__[1] < block_size
     post: (position // block_size) * block_size + __return__[1] == position
     """
-    check_block_size(block_size)
-    check_count(position, "position")
+    block_size = check_block_size(block_size)
+    position = check_count(position, "position")
     index = position // block_size
     if index >= len(block_table):
         raise PositionOutOfRange(

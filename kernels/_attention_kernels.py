@@ -25,7 +25,7 @@ from functools import cache
 import numpy as np
 from numba import cuda, float32, uint32
 
-from .errors import KernelInputError
+from .errors import KernelInputError, KernelTypeError
 
 NEG_INF = float32(-np.inf)
 _WORD_NP = {8: np.int64, 4: np.int32, 2: np.int16}
@@ -52,11 +52,19 @@ class KernelConfig:
         return 4 * (partial + merge)
 
 
-def check_config(cfg: KernelConfig, group: int, head_dim: int, words: int) -> None:
+def check_config(cfg: KernelConfig, group: int, head_dim: int, words: int) -> KernelConfig:
+    """Validate a thread layout; return it with plain-int fields (numpy integers accepted)."""
+    if not isinstance(cfg, KernelConfig):
+        raise KernelTypeError(f"config must be a KernelConfig, got {type(cfg).__name__}")
+    fields = {}
     for name in ("lanes", "slots", "unroll", "q_tile"):
         value = getattr(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+            raise KernelTypeError(f"KernelConfig.{name} must be a positive int, got {value!r}")
+        if value < 1:
             raise KernelInputError(f"KernelConfig.{name} must be a positive int, got {value!r}")
+        fields[name] = int(value)
+    cfg = KernelConfig(**fields)
     if words % cfg.lanes:
         raise KernelInputError(
             f"KernelConfig.lanes={cfg.lanes} must divide the {words} words of a head row"
@@ -65,6 +73,7 @@ def check_config(cfg: KernelConfig, group: int, head_dim: int, words: int) -> No
         raise KernelInputError(f"{cfg} with group {group} needs {cfg.threads(group)} threads")
     if cfg.shared_bytes(group, head_dim) > SHARED_LIMIT:
         raise KernelInputError(f"{cfg} needs more than {SHARED_LIMIT} bytes of shared memory")
+    return cfg
 
 
 def _converter(kind: str, ce: int):

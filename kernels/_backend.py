@@ -4,11 +4,16 @@ what a numba kernel accepts out, and the stream a launch goes on.
 In the CUDA simulator a torch CPU tensor travels as a numpy view of the same memory (bf16 as an
 int16 view); on a real GPU a torch CUDA tensor passes straight in through ``__dlpack__`` and the
 launch goes on torch's current stream.
+
+torch is optional and never imported here: a torch tensor can only exist once its caller has
+imported torch, so ``_torch()`` looks the module up in ``sys.modules`` (None when torch is not
+loaded, and then nothing is a tensor). numpy arrays work without torch installed.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -18,11 +23,6 @@ from numba import cuda
 
 from .errors import KernelDeviceError, KernelTypeError
 
-try:  # torch is optional: numpy arrays work without it
-    import torch
-except ImportError:  # pragma: no cover - exercised only without torch installed
-    torch = None  # type: ignore[assignment]
-
 SIMULATOR: bool = bool(_numba_config.ENABLE_CUDASIM)
 
 # Element kinds of a KV cache: name -> bytes per element.
@@ -30,7 +30,13 @@ KV_KINDS = {"f32": 4, "f16": 2, "bf16": 2}
 _WORD_NP = {8: np.int64, 4: np.int32, 2: np.int16}
 
 
+def _torch() -> Any:
+    """The torch module if it has been imported (by whoever made a tensor), else None."""
+    return sys.modules.get("torch")
+
+
 def is_torch(x: Any) -> bool:
+    torch = _torch()
     return torch is not None and isinstance(x, torch.Tensor)
 
 
@@ -45,6 +51,7 @@ def check_array(name: str, x: Any) -> None:
 
 def kv_kind(name: str, x: Any) -> str:
     """The element kind of a KV array: 'f32', 'f16' or 'bf16'."""
+    torch = _torch()
     if is_torch(x):
         table = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
         kind = table.get(x.dtype)
@@ -56,12 +63,14 @@ def kv_kind(name: str, x: Any) -> str:
 
 
 def is_float_array(x: Any) -> bool:
+    torch = _torch()
     if is_torch(x):
         return x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
     return x.dtype in (np.float16, np.float32, np.float64)
 
 
 def is_int_array(x: Any) -> bool:
+    torch = _torch()
     if is_torch(x):
         return x.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
     return np.issubdtype(x.dtype, np.integer)
@@ -100,6 +109,7 @@ def is_contiguous(x: Any) -> bool:
 
 def kernel_arg(x: Any) -> Any:
     """What a numba kernel is given for ``x`` (no copy)."""
+    torch = _torch()
     if is_torch(x):
         if x.is_cuda:
             return x.detach()
@@ -112,6 +122,7 @@ def kernel_arg(x: Any) -> Any:
 
 def word_view(x: Any, word_bytes: int) -> Any:
     """``x`` (contiguous, last dim a multiple of the word) reinterpreted as integer words."""
+    torch = _torch()
     if is_torch(x):
         t = x.detach()
         wt = {8: torch.int64, 4: torch.int32, 2: torch.int16}[word_bytes]
@@ -122,6 +133,7 @@ def word_view(x: Any, word_bytes: int) -> Any:
 def index_arg(x: Any, like: Any, dtype: str = "int32") -> Any:
     """An index array (numpy or torch, any device) as a contiguous kernel argument of ``dtype``
     on the device of ``like`` (the caches)."""
+    torch = _torch()
     if is_cuda_tensor(like):
         t = torch.as_tensor(x) if not is_torch(x) else x.detach()
         return t.to(device=like.device, dtype=getattr(torch, dtype)).contiguous()
@@ -130,6 +142,7 @@ def index_arg(x: Any, like: Any, dtype: str = "int32") -> Any:
 
 def empty(like: Any, shape: tuple[int, ...], dtype: str = "float32") -> Any:
     """An uninitialised array on the device of ``like`` (torch tensor or numpy array)."""
+    torch = _torch()
     if is_torch(like):
         return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
     return np.empty(shape, dtype=dtype)
@@ -137,6 +150,7 @@ def empty(like: Any, shape: tuple[int, ...], dtype: str = "float32") -> Any:
 
 def stream_for(x: Any) -> Any:
     """The stream to launch on: torch's current stream for CUDA tensors, else the default."""
+    torch = _torch()
     if is_cuda_tensor(x) and not SIMULATOR:
         return cuda.external_stream(torch.cuda.current_stream(x.device).cuda_stream)
     return 0
@@ -144,6 +158,7 @@ def stream_for(x: Any) -> Any:
 
 def num_sms(x: Any) -> int:
     """Streaming multiprocessors of the device ``x`` lives on (132 assumed in the simulator)."""
+    torch = _torch()
     if is_cuda_tensor(x) and not SIMULATOR:
         return int(torch.cuda.get_device_properties(x.device).multi_processor_count)
     if not SIMULATOR:

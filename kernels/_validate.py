@@ -2,10 +2,56 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
+
+import numpy as np
 
 from ._backend import check_array, is_contiguous, is_int_array, kv_kind
 from .errors import KernelInputError, KernelTypeError
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def as_int(name: str, value: Any, *, minimum: int | None = None,
+           maximum: int | None = None) -> int:
+    """``value`` as a plain int: a Python or numpy integer (not a bool) in [minimum, maximum]."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise KernelTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if minimum is not None and v < minimum:
+        raise KernelInputError(f"{name} must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise KernelInputError(f"{name} must be <= {maximum}, got {v}")
+    return v
+
+
+def as_flag(name: str, value: Any) -> bool:
+    """A bool (Python or numpy) flag."""
+    if not isinstance(value, bool | np.bool_):
+        raise KernelTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def as_float32(name: str, value: Any) -> float:
+    """A real number (not a bool) that is finite, also once rounded to float32."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise KernelTypeError(f"{name} must be a real number, got {type(value).__name__} "
+                              f"{value!r}")
+    try:
+        f = float(value)
+    except OverflowError:  # an int beyond float range
+        raise KernelInputError(f"{name} {value!r} does not fit a float32") from None
+    if not math.isfinite(f) or abs(f) > _F32_MAX:
+        raise KernelInputError(f"{name} must be finite in float32, got {value!r}")
+    return f
+
+
+def check_writable(name: str, x: Any) -> None:
+    """A numpy array the launch writes must be writeable (torch tensors always are)."""
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise KernelInputError(f"{name} is a read-only numpy array")
 
 
 def shape_of(x: Any) -> tuple[int, ...]:

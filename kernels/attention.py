@@ -9,7 +9,6 @@ Accumulation is float32 whatever the KV dtype; the output has ``q``'s shape and 
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from ._attention_kernels import (
 from ._backend import (
     KV_KINDS,
     SIMULATOR,
+    _torch,
     empty,
     host_copy,
     index_arg,
@@ -35,13 +35,17 @@ from ._backend import (
     stream_for,
     word_view,
 )
-from ._validate import check_caches, check_index_array, shape_of, word_bytes
+from ._validate import (
+    as_flag,
+    as_float32,
+    as_int,
+    check_caches,
+    check_index_array,
+    check_writable,
+    shape_of,
+    word_bytes,
+)
 from .errors import KernelInputError, KernelTypeError, StaleTableError
-
-try:
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None  # type: ignore[assignment]
 
 MIN_PARTITION = 512  # tokens: below this a partition's launch overhead outweighs its work
 _REDUCE_THREADS = 4 if SIMULATOR else 256
@@ -49,6 +53,11 @@ _REDUCE_THREADS = 4 if SIMULATOR else 256
 
 def default_config(head_dim: int, group: int, kind: str, *, prefill: bool) -> KernelConfig:
     """The thread layout used when the caller gives none (small blocks in the simulator)."""
+    head_dim = as_int("head_dim", head_dim, minimum=1)
+    group = as_int("group", group, minimum=1)
+    if not isinstance(kind, str) or kind not in KV_KINDS:
+        raise KernelTypeError(f"kind must be one of {sorted(KV_KINDS)}, got {kind!r}")
+    prefill = as_flag("prefill", prefill)
     words = head_dim * KV_KINDS[kind] // word_bytes(head_dim, KV_KINDS[kind])
     if SIMULATOR:
         lanes = 2 if words % 2 == 0 else 1
@@ -76,6 +85,10 @@ def choose_partition_size(
     Splits only when the unsplit grid (work items x KV heads) would not fill the GPU twice over
     and sequences are long enough that each partition keeps at least ``MIN_PARTITION`` keys.
     """
+    num_blocks_unsplit = as_int("num_blocks_unsplit", num_blocks_unsplit, minimum=0)
+    max_seq_len = as_int("max_seq_len", max_seq_len, minimum=0)
+    num_sms = as_int("num_sms", num_sms, minimum=1)
+    block_size = as_int("block_size", block_size, minimum=1)
     if max_seq_len < 2 * MIN_PARTITION or num_blocks_unsplit >= 2 * num_sms:
         return None
     parts = min(-(-2 * num_sms // max(num_blocks_unsplit, 1)), max_seq_len // MIN_PARTITION)
@@ -173,12 +186,22 @@ def _attention(
             raise KernelTypeError("out must be a float numpy array or torch tensor")
         if shape_of(out) != shape_of(q):
             raise KernelInputError(f"out {shape_of(out)} must have q's shape {shape_of(q)}")
+        check_writable("out", out)
         same_device([("q", q), ("out", out)])
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if not isinstance(scale, numbers.Real) or not math.isfinite(float(scale)):
-        raise KernelTypeError(f"scale must be a finite number, got {scale!r}")
+    # scalar arguments: all checked here, before anything is computed or written
+    check = as_flag("check", check)
+    scale = as_float32("scale", 1.0 / math.sqrt(d) if scale is None else scale)
+    if partition_size is not None:
+        partition_size = as_int("partition_size", partition_size, minimum=1)
     max_blocks = shape_of(block_tables)[1]
+    if max_seq_len is not None:
+        max_seq_len = as_int("max_seq_len", max_seq_len, minimum=0, maximum=max_blocks * bs)
+    if config is not None and not isinstance(config, KernelConfig):
+        raise KernelTypeError(f"config must be a KernelConfig, got {type(config).__name__}")
+    for name, gen in (("block_generations", block_generations),
+                      ("table_generations", table_generations)):
+        if gen is not None:
+            check_index_array(name, gen, 1 if name == "block_generations" else 2)
 
     # Host-side lengths: needed for the work list (prefill) and the partition count.
     if decode:
@@ -206,12 +229,16 @@ def _attention(
             raise KernelInputError(f"query_lens {qlens.tolist()} exceed seq_lens {lens.tolist()}")
         if max_seq_len is None:
             max_seq_len = int(lens.max()) if n_seq else 0
+        elif n_seq and max_seq_len < int(lens.max()):
+            raise KernelInputError(
+                f"max_seq_len {max_seq_len} is below the longest sequence ({int(lens.max())})"
+            )
     if check:
         _check_tables(block_tables, lens, nb, bs, block_generations, table_generations)
 
-    cfg = config or default_config(d, group, kind, prefill=not decode)
+    cfg = config if config is not None else default_config(d, group, kind, prefill=not decode)
     wb = word_bytes(d, KV_KINDS[kind])
-    check_config(cfg, group, d, d * KV_KINDS[kind] // wb)
+    cfg = check_config(cfg, group, d, d * KV_KINDS[kind] // wb)
     q_tile = 1 if decode else cfg.q_tile
     if decode and cfg.q_tile != 1:
         cfg = KernelConfig(cfg.lanes, cfg.slots, cfg.unroll, 1)
@@ -230,10 +257,6 @@ def _attention(
 
     if partition_size is None:
         partition_size = choose_partition_size(len(work) * hkv, max_seq_len, num_sms(k_cache), bs)
-    elif isinstance(partition_size, bool) or not isinstance(partition_size, int) or (
-        partition_size < 1
-    ):
-        raise KernelInputError(f"partition_size must be a positive int, got {partition_size!r}")
     n_parts = 1 if partition_size is None else max(1, -(-max_seq_len // partition_size))
     split = n_parts > 1
     if not split:
@@ -283,7 +306,7 @@ def _attention(
 
 def _is_f32_contiguous(x: Any) -> bool:
     if is_torch(x):
-        return x.dtype == torch.float32 and x.is_contiguous()
+        return x.dtype == _torch().float32 and x.is_contiguous()
     return x.dtype == np.float32 and bool(x.flags.c_contiguous)
 
 

@@ -19,7 +19,14 @@ from ._backend import (
     stream_for,
     word_view,
 )
-from ._validate import check_caches, check_index_array, shape_of, word_bytes
+from ._validate import (
+    as_flag,
+    check_caches,
+    check_index_array,
+    check_writable,
+    shape_of,
+    word_bytes,
+)
 from .errors import KernelInputError, KernelTypeError
 
 _THREADS = 32 if SIMULATOR else 128
@@ -71,10 +78,13 @@ def write_kv(
     """Scatter ``key``/``value`` ``[num_tokens, kv_heads, head_dim]`` into the caches.
 
     Token ``i`` goes to ``slot_mapping[i] = block * block_size + offset``; a negative slot is
-    padding and is skipped. With ``check`` (default) a slot ``>= num_blocks * block_size``
-    raises ``KernelInputError`` before anything is written.
+    padding and is skipped. With ``check`` (default) a slot ``>= num_blocks * block_size`` or a
+    slot given to two tokens raises ``KernelInputError`` before anything is written.
     """
     (nb, bs, hkv, d), kind = check_caches(k_cache, v_cache)
+    check_writable("k_cache", k_cache)
+    check_writable("v_cache", v_cache)
+    check = as_flag("check", check)
     check_index_array("slot_mapping", slot_mapping, 1)
     for name, x in (("key", key), ("value", value)):
         if not (isinstance(x, np.ndarray) or is_torch(x)):
@@ -91,9 +101,14 @@ def write_kv(
         )
     same_device([("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)])
     if check and n:
-        top = int(host_copy(slot_mapping).max())
+        hs = host_copy(slot_mapping)
+        top = int(hs.max())
         if top >= nb * bs:
             raise KernelInputError(f"slot {top} out of range: the pool has {nb * bs} slots")
+        real = hs[hs >= 0]
+        if len(np.unique(real)) != len(real):  # which token would win is undefined
+            u, c = np.unique(real, return_counts=True)
+            raise KernelInputError(f"slot {int(u[c > 1][0])} is given to several tokens")
     if n == 0:
         return
     wb = word_bytes(d, KV_KINDS[kind])
@@ -117,6 +132,8 @@ def copy_blocks(k_cache: Any, v_cache: Any, pairs: Any) -> None:
     (otherwise the result would depend on the order of the copies).
     """
     (nb, bs, hkv, d), kind = check_caches(k_cache, v_cache)
+    check_writable("k_cache", k_cache)
+    check_writable("v_cache", v_cache)
     check_index_array("pairs", pairs, 2)
     if shape_of(pairs)[1] != 2:
         raise KernelInputError(f"pairs must be [k, 2] (src, dst), got {shape_of(pairs)}")

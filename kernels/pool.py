@@ -6,13 +6,16 @@ the same slot range in every layer, so one block table (from the allocator) serv
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import numpy as np
 import torch
 
+from ._validate import as_int
 from .cache_ops import copy_blocks as _copy_blocks
-from .errors import KernelInputError, KernelTypeError
+from .errors import KernelDeviceError, KernelInputError, KernelTypeError
 
 _DTYPES = {
     "float16": torch.float16,
@@ -26,24 +29,79 @@ _DTYPES = {
 }
 
 
+_MAX_BYTES = 1 << 62  # beyond any device; also keeps torch's size arithmetic in int64
+
+
 def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise KernelTypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise KernelInputError(f"{name} must be >= 1, got {value}")
-    return int(value)
+    return as_int(name, value, minimum=1)
+
+
+def _device(device: Any) -> torch.device:
+    if not isinstance(device, str | torch.device):
+        raise KernelTypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise KernelDeviceError(f"bad device {device!r}: {exc}") from None
+
+
+def _fill_value(value: Any, dtype: torch.dtype) -> float:
+    """A real number (NaN and inf allowed, e.g. to poison) that ``dtype`` can hold."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise KernelTypeError(f"fill value must be a real number, got {type(value).__name__}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float range
+        raise KernelInputError(f"fill value {value!r} does not fit {dtype}") from None
+    if math.isfinite(v) and abs(v) > torch.finfo(dtype).max:
+        raise KernelInputError(f"fill value {value!r} does not fit {dtype}")
+    return v
+
+
+def _block_ids(block_ids: Any, num_blocks: int) -> np.ndarray:
+    """Block ids (an int, or a 1-D sequence / array of ints) as an int64 array, range-checked."""
+    if isinstance(block_ids, torch.Tensor):
+        block_ids = block_ids.detach().cpu().numpy()
+    if isinstance(block_ids, str | bytes | bytearray) or block_ids is None:
+        raise KernelTypeError(f"block ids must be ints, got {type(block_ids).__name__}")
+    try:
+        ids = np.asarray(block_ids)
+    except (TypeError, ValueError) as exc:  # ragged nesting
+        raise KernelTypeError(f"block ids must be ints: {exc}") from None
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if ids.ndim > 1:
+        raise KernelInputError(f"block ids must be 1-D, got shape {ids.shape}")
+    if ids.dtype == object:  # Python ints beyond int64, or mixed objects
+        vals = [as_int("block id", b) for b in ids.reshape(-1)]
+        bad = [b for b in vals if not 0 <= b < num_blocks]
+        if bad:
+            raise KernelInputError(f"block ids {bad} out of range [0, {num_blocks})")
+        ids = np.asarray(vals, dtype=np.int64)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise KernelTypeError(f"block ids must be ints, got dtype {ids.dtype}")
+    ids = ids.reshape(-1)
+    if ids.min() < 0 or ids.max() >= num_blocks:
+        raise KernelInputError(f"block ids out of range [0, {num_blocks}): {ids.tolist()}")
+    return ids.astype(np.int64)
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         if dtype in (torch.float16, torch.bfloat16, torch.float32):
             return dtype
-    elif isinstance(dtype, str) and dtype.lower() in _DTYPES:
-        return _DTYPES[dtype.lower()]
-    elif dtype in (np.float16, np.float32) or (
-        isinstance(dtype, np.dtype) and dtype in (np.float16, np.float32)
-    ):
-        return torch.float16 if np.dtype(dtype) == np.float16 else torch.float32
+    elif isinstance(dtype, str):
+        if dtype.lower() in _DTYPES:
+            return _DTYPES[dtype.lower()]
+    elif dtype is not None:  # numpy dtypes and scalar types (np.dtype(None) would be float64)
+        try:
+            nd = np.dtype(dtype)
+        except (TypeError, ValueError):
+            nd = None
+        if nd == np.float16:
+            return torch.float16
+        if nd == np.float32:
+            return torch.float32
     raise KernelTypeError(f"unsupported KV dtype {dtype!r}; use float16, bfloat16 or float32")
 
 
@@ -70,10 +128,17 @@ class KVCachePool:
         self.num_kv_heads = _positive("num_kv_heads", num_kv_heads)
         self.head_dim = _positive("head_dim", head_dim)
         self.dtype = _torch_dtype(dtype)
-        self.device = torch.device(device)
+        self.device = _device(device)
         shape = (self.num_layers, 2, self.num_blocks, self.block_size, self.num_kv_heads,
                  self.head_dim)
-        self._storage = torch.empty(shape, dtype=self.dtype, device=self.device)
+        nbytes = math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
+        if nbytes > _MAX_BYTES:
+            raise KernelInputError(f"a pool of shape {shape} needs {nbytes} bytes")
+        try:
+            self._storage = torch.empty(shape, dtype=self.dtype, device=self.device)
+        except (RuntimeError, AssertionError) as exc:  # out of memory, no such device
+            cls = KernelInputError if self.device.type == "cpu" else KernelDeviceError
+            raise cls(f"cannot allocate {nbytes} bytes on {self.device}: {exc}") from None
 
     @property
     def element_size(self) -> int:
@@ -97,8 +162,7 @@ class KVCachePool:
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``i``'s ``(k_cache, v_cache)``, each ``[blocks, block_size, kv_heads, dim]``."""
-        if isinstance(i, bool) or not isinstance(i, int | np.integer):
-            raise KernelTypeError(f"layer index must be an int, got {type(i).__name__}")
+        i = as_int("layer index", i)
         if not 0 <= i < self.num_layers:
             raise KernelInputError(f"layer {i} out of range [0, {self.num_layers})")
         return self._storage[i, 0], self._storage[i, 1]
@@ -108,15 +172,13 @@ class KVCachePool:
 
     def fill_(self, value: float) -> KVCachePool:
         """Fill every slot of every layer with ``value`` (e.g. NaN to poison unused blocks)."""
-        self._storage.fill_(value)
+        self._storage.fill_(_fill_value(value, self.dtype))
         return self
 
     def fill_blocks_(self, block_ids: Any, value: float) -> KVCachePool:
         """Fill the given blocks (all layers, K and V) with ``value``."""
-        ids = torch.as_tensor(np.asarray(block_ids, dtype=np.int64)).to(self.device)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks):
-            raise KernelInputError(f"block ids out of range [0, {self.num_blocks})")
-        self._storage[:, :, ids] = value
+        ids = torch.as_tensor(_block_ids(block_ids, self.num_blocks)).to(self.device)
+        self._storage[:, :, ids] = _fill_value(value, self.dtype)
         return self
 
     def copy_blocks(self, pairs: Any) -> None:

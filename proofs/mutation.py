@@ -1,10 +1,15 @@
 """Mutation testing of the allocator and spec guards, without touching files on disk.
 
-``python -m pagedkv.proofs.mutation [--quick] [--jobs N] [--out PATH] [--rev REV]``
+``python -m pagedkv.proofs.mutation [--quick] [--jobs N] [--out PATH] [--rev REV]
+[--update] [--file PATH]... [--ids LIST] [--list]``
 
 A small AST-located, text-level mutator (the mutated source keeps every line where it was, so
-tracebacks and ``inspect.getsource`` stay meaningful) over the guard, ref-count, queue and hash
-code. Each mutant runs in a forked child process that installs a ``sys.meta_path`` finder
+tracebacks and ``inspect.getsource`` stay meaningful) over the spec's guards and invariants, the
+pool, the queue, the hashing, the whole request layer, launches and the table arithmetic.
+Operators: comparison swap, +/- swap, integer and bool constants, dropped conjuncts and
+``and`` clauses, negated ``if`` tests, deleted statements, and dropped copies (``list(x)`` ->
+``x``: a table or hash chain then aliases another request's, or a caller's list is kept by
+reference). Each mutant runs in a forked child process that installs a ``sys.meta_path`` finder
 returning the mutated source for its module, then runs the kill suite in stages, cheapest
 first, stopping at the first failure:
 
@@ -27,6 +32,14 @@ Mutants shown to be equivalent are listed in ``EQUIVALENT`` with the reason.
 ``--rev REV`` runs against ``git archive REV`` extracted to a temporary folder (a consistent
 snapshot while others edit the tree); the default is the working tree at ``HEAD``. The report
 records the commit and whether the mutated files differed from it.
+
+Mutant ids number the mutants of all targets, in TARGETS order, whatever ``--file`` selects.
+``--update`` reads the report at ``--out``: killed and timeout verdicts (and z3 equivalence
+proofs of files unchanged since, working tree included) are kept by mutant key, the rest run.
+With ``--update``, ``--file`` / ``--ids`` only choose what may run: the report still covers
+every target, the mutants not selected keeping their previous verdicts (pending if new).
+Without ``--update`` the report holds only the selected mutants. The baseline (no mutant)
+runs first; if it fails the kill suite, the run stops and the report is left as it was.
 """
 
 from __future__ import annotations
@@ -86,10 +99,13 @@ TARGETS = (
                                 "take", "lookup"})),
     Target("allocator/lru.py", "pagedkv.allocator.lru", "allocator"),
     Target("allocator/hashing.py", "pagedkv.allocator.hashing", "allocator"),
-    # the guard / ref-count / queue / hash parts of the request layer
-    Target("allocator/allocator.py", "pagedkv.allocator.allocator", "allocator",
-           functions=frozenset({"_extend_hashes", "_hits", "allocate", "commit", "fork",
-                                "free", "publish", "_complete", "reclaim"})),
+    # the whole request layer: argument checks, prefix hits, room planning, every public
+    # method and query, the spec view and the invariant scan
+    Target("allocator/allocator.py", "pagedkv.allocator.allocator", "allocator"),
+    # launches: completion (poll / complete / event_done) and the stale-table check
+    Target("allocator/launch.py", "pagedkv.allocator.launch", "allocator"),
+    # block-table arithmetic and the integer / count checks every public call goes through
+    Target("allocator/table.py", "pagedkv.allocator.table", "allocator"),
 )
 
 # Mutants proved or argued equivalent (no test can tell them apart from the original), keyed
@@ -149,7 +165,7 @@ EQUIVALENT: dict[str, str] = {
     "queue\") -> pass":
         "unreachable: the walk stops at the first link whose back pointer disagrees, and "
         "re-entering a block already seen needs its back pointer to name two predecessors",
-    "allocator/hashing.py:block_hash:int-1:return int.from_bytes(digest, \"big\") or 1  # 0 "
+    "allocator/hashing.py:_digest:int-1:return int.from_bytes(digest, \"big\") or 1  # 0 "
     "is the spec's NO_HASH -> return int.from_bytes(digest, \"big\") or 0  # 0 is the spec's "
     "NO_HASH":
         "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
@@ -333,6 +349,14 @@ class _Sites(ast.NodeVisitor):
         f = node.func
         if self.active() and isinstance(f, ast.Attribute) and f.attr == "And":
             self._drop("drop-conjunct", list(node.args), "True")
+        if (self.active() and isinstance(f, ast.Name) and f.id == "list" and not node.keywords
+                and len(node.args) == 1
+                and isinstance(node.args[0], ast.Name | ast.Attribute | ast.Subscript)):
+            # list(x) -> x: the copy is dropped, so the result aliases x (a shared table or
+            # hash chain, a caller's list kept by reference)
+            s, e = self.span(node)
+            a, b = self.span(node.args[0])
+            self.add("drop-copy", s, e, self.src[a:b].decode(), node.lineno)
         self.generic_visit(node)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> None:
@@ -410,11 +434,15 @@ def _function_at(tree: ast.AST, line: int) -> str:
 
 
 def all_mutants(root: Path = REPO, files: list[str] | None = None) -> list[Mutant]:
+    """Every target's mutants (or only those of ``files``), numbered over all targets: a
+    mutant has the same id whether or not ``files`` selects its file."""
     out: list[Mutant] = []
+    n = 0
     for t in TARGETS:
-        if files and t.path not in files:
-            continue
-        out += generate(t, root, start_id=len(out))
+        ms = generate(t, root, start_id=n)
+        n += len(ms)
+        if not files or t.path in files:
+            out += ms
     return out
 
 
@@ -483,7 +511,9 @@ def install(root: Path, overrides: dict[str, bytes] | None = None) -> None:
 
 
 # --- the kill suite ------------------------------------------------------------------------------
-FAST_TESTS = ("tests/test_allocator_api.py", "tests/test_spec_lint.py")
+FAST_TESTS = ("tests/test_allocator_api.py", "tests/test_spec_lint.py",
+              "tests/test_hostile_allocator.py", "tests/test_request_layer.py",
+              "tests/test_explain.py")
 STATEFUL_TESTS = ("tests/test_stateful.py",)
 BUG_TESTS = (
     "tests/test_proofs.py::test_weakened_guard_gives_counterexample_and_trace",
@@ -755,14 +785,20 @@ def run_mutants(
     quick: bool = False, progress: Callable[[str], None] | None = None,
     max_stages: int | None = None,
     on_result: Callable[[int, tuple[str, str, float]], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[tuple[str, str, float]]:
-    """Run each mutant (None: the unmutated baseline) in a forked child; results in order."""
+    """Run each mutant (None: the unmutated baseline) in a forked child; results in order.
+    Once ``stop()`` is true no more are started (those not run get a PENDING result)."""
     _preload()
     say = progress or (lambda _m: None)
     results: dict[int, tuple[str, str, float]] = {}
     queue = list(enumerate(mutants))
     running: dict[int, tuple[int, _Running]] = {}
     while queue or running:
+        if stop is not None and stop():
+            for idx, _ in queue:
+                results[idx] = (PENDING, "", 0.0)
+            queue = []
         while queue and len(running) < max(1, jobs):
             idx, m = queue.pop(0)
             r, w = os.pipe()
@@ -809,15 +845,6 @@ def git_commit(root: Path) -> str:
         return "unknown"
 
 
-def _dirty(root: Path, files: list[str]) -> list[str]:
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", *files], cwd=root,
-                             capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return []
-    return [ln[3:] for ln in out.splitlines()]
-
-
 def summarize(mutants: list[Mutant]) -> dict[str, Any]:
     n = len(mutants)
     counts = {s: sum(m.status == s for m in mutants) for s in (KILLED, TIMEOUT, SURVIVED,
@@ -853,6 +880,7 @@ def build_report(mutants: list[Mutant], *, root: Path, commit: str, dirty: list[
         "tool": "python -m pagedkv.proofs.mutation",
         "commit": commit,
         "dirty_files": dirty,
+        "target_sha256": _digests(root),
         "quick": quick,
         "timeout_s": timeout,
         "time_s": round(seconds, 1),
@@ -890,9 +918,10 @@ def to_markdown(rep: dict[str, Any]) -> str:
     c = rep.get("carried_over") or {}
     if c:
         lines += [f"Verdicts of {c['keys']} mutants (killed, or proved equivalent by z3 in a "
-                  "file unchanged since) carried over (same file, function, operator and "
-                  f"mutated line) from the run at commit `{c['from_commit']}`; the others "
-                  "ran at the commit above.", ""]
+                  "file unchanged since, or not selected by --file / --ids) carried over "
+                  "(same file, function, operator and mutated line) from the report at commit "
+                  f"`{c['from_commit']}`, each marked with the commit of the report it was "
+                  "first carried from; the others ran at the commit above.", ""]
     lines += [
         "Kill suite stages (first failure wins): " + ", ".join(rep["stages"]) + ".",
         f"Baseline (no mutant): {rep['baseline']['status']} "
@@ -957,20 +986,60 @@ def load_mutation_report(path: str | os.PathLike[str] | None = None) -> dict[str
 
 @contextlib.contextmanager
 def snapshot(rev: str | None) -> Iterator[tuple[Path, str]]:
-    """The tree to mutate: the working tree (rev None), or ``git archive rev`` extracted."""
-    if rev is None:
-        yield REPO, git_commit(REPO)
-        return
-    commit = subprocess.run(["git", "rev-parse", rev], cwd=REPO, capture_output=True, text=True,
-                            check=True).stdout.strip()
+    """The tree to mutate: a copy of the working tree (rev None: its tracked and untracked,
+    not ignored files, taken once at the start, so that edits made while the run goes on
+    neither shift the mutants' byte offsets nor change the kill suite), or ``git archive rev``
+    extracted."""
     tmp = Path(tempfile.mkdtemp(prefix="pagedkv-mutation-"))
     try:
-        data = subprocess.run(["git", "archive", "--format=tar", commit], cwd=REPO,
-                              capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tmp)], input=data, check=True)
+        if rev is None:
+            commit = git_commit(REPO)
+            names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"],
+                                   cwd=REPO, capture_output=True, check=True).stdout
+            for name in sorted(set(names.decode().split("\0")) - {""}):
+                src = REPO / name
+                if src.is_file() and not src.is_symlink():
+                    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(src, tmp / name)
+        else:
+            commit = subprocess.run(["git", "rev-parse", rev], cwd=REPO, capture_output=True,
+                                    text=True, check=True).stdout.strip()
+            data = subprocess.run(["git", "archive", "--format=tar", commit], cwd=REPO,
+                                  capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(tmp)], input=data, check=True)
         yield tmp, commit
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _same_file(commit: str, root: Path, path: str) -> bool:
+    """Whether ``root/path`` (the snapshot) has the content it had at ``commit``."""
+    try:
+        old = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO,
+                             capture_output=True, check=True).stdout
+        return old == (root / path).read_bytes()
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
+def _digests(root: Path) -> dict[str, str]:
+    """sha256 (12 hex digits) of each target file as mutated: which tree the report is of."""
+    return {t.path: hashlib.sha256((root / t.path).read_bytes()).hexdigest()[:12]
+            for t in TARGETS if (root / t.path).is_file()}
+
+
+_AT = re.compile(r" \(at [0-9a-f]{12}\)")
+
+
+def _carried_killer(killer: str, commit: str) -> str:
+    """A carried verdict's reason, marked with the commit of the report it came from: only
+    the first (oldest) ``(at ...)`` mark is kept, so repeated updates do not stack them."""
+    if not killer:
+        return killer
+    first = _AT.search(killer)
+    if first is None:
+        return f"{killer} (at {commit[:12]})"
+    return killer[: first.end()] + _AT.sub("", killer[first.end():])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -996,7 +1065,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     with snapshot(a.rev) as (root, commit):
-        mutants = all_mutants(root, a.file)
+        everything = all_mutants(root)
+        mutants = [m for m in everything if not a.file or m.file in a.file]
         if a.ids:
             wanted: set[int] = set()
             for part in a.ids.split(","):
@@ -1009,32 +1079,49 @@ def main(argv: list[str] | None = None) -> int:
                       f"{m.original.strip()} -> {m.mutated.strip()}")
             print(f"{len(mutants)} mutants")
             return 0
-        dirty = _dirty(REPO, [t.path for t in TARGETS]) if a.rev is None else []
+        # target files of the snapshot that differ from the commit it is reported at
+        dirty = [t.path for t in TARGETS if not _same_file(commit, root, t.path)]
         t0 = time.perf_counter()
         carried: dict[str, Any] = {}
+        selected = {id(m) for m in mutants}
+        prev_by_key: dict[str, dict[str, Any]] = {}
         if a.update:
             prev_path = Path(a.out) if Path(a.out).is_absolute() else REPO / a.out
             prev = json.loads(prev_path.read_text())
-            same = {t.path for t in TARGETS if subprocess.run(
-                ["git", "diff", "--quiet", prev["commit"], commit, "--", t.path],
-                cwd=REPO).returncode == 0}
+            prev_by_key = {m["key"]: m for m in prev["mutants"]}
+            # the snapshot (working tree or --rev) against the report's tree: its recorded
+            # digests, or its commit's files for a report of a clean tree
+            prev_digests = prev.get("target_sha256") or {}
+            now = _digests(root)
+            same = {t.path for t in TARGETS
+                    if (prev_digests.get(t.path) == now[t.path] if prev_digests else (
+                        t.path not in prev.get("dirty_files", [])
+                        and _same_file(prev["commit"], root, t.path)))}
             # killed stays killed; a z3 equivalence proof stays valid while its file is the same
-            done_before = {m["key"]: m for m in prev["mutants"]
+            done_before = {k: m for k, m in prev_by_key.items()
                            if m["status"] in (KILLED, TIMEOUT)
                            or (m["status"] == EQUIV and m["killer"].startswith("z3:")
                                and m["file"] in same)}
             carried = {"from_commit": prev["commit"], "keys": 0}
+            # --file / --ids with --update: the report still covers every target; the mutants
+            # not selected keep their previous verdict (pending if they are new)
+            mutants = everything
         todo = []
         for m in mutants:
             if m.key in EQUIVALENT:
                 m.status, m.killer = EQUIV, EQUIVALENT[m.key]
-            elif a.update and m.key in done_before:
-                old = done_before[m.key]
+            elif a.update and (m.key in done_before or (
+                    id(m) not in selected and m.key in prev_by_key)):
+                old = prev_by_key[m.key]
                 m.status, m.seconds = old["status"], old["seconds"]
                 if "_StageTimeout" in old["killer"]:  # a hang recorded as a test failure
                     m.status = TIMEOUT
-                m.killer = f"{old['killer']} (at {prev['commit'][:12]})"
+                if m.status == EQUIV and not old["killer"].startswith("z3:"):
+                    m.status = PENDING  # an argued equivalence no longer in EQUIVALENT
+                m.killer = _carried_killer(old["killer"], prev["commit"])
                 carried["keys"] += 1
+            elif a.update and id(m) not in selected:
+                m.status = PENDING  # new, and not selected: not run this time
             else:
                 todo.append(m)
 
@@ -1063,17 +1150,21 @@ def main(argv: list[str] | None = None) -> int:
                 m = todo[idx - 1]
                 m.status, m.killer, m.seconds = res
             done[0] += 1
-            if done[0] % 25 == 0:  # a partial report while the run goes on
+            if done[0] % 25 == 0 and first[0][0] == SURVIVED:  # a partial report meanwhile
                 write(build_report(mutants, root=root, commit=commit, dirty=dirty,
                                    quick=a.quick, timeout=a.timeout,
                                    seconds=time.perf_counter() - t0, baseline=first[0],
                                    carried=carried))
 
+        # the baseline runs first: if the unmutated tree fails the kill suite, every mutant
+        # would be "killed" by that failure, so stop and keep the report as it was
         baseline, *results = run_mutants([None, *todo], root, jobs=a.jobs, timeout=a.timeout,
                                          quick=a.quick, progress=say,
-                                         max_stages=a.max_stages, on_result=on_result)
+                                         max_stages=a.max_stages, on_result=on_result,
+                                         stop=lambda: first[0][0] not in (PENDING, SURVIVED))
         if baseline[0] != SURVIVED:
-            say(f"the unmutated tree fails the kill suite: {baseline}")
+            say(f"the unmutated tree fails the kill suite, no report written: {baseline}")
+            return 2
         for m, (status, killer, secs) in zip(todo, results, strict=True):
             m.status, m.killer, m.seconds = status, killer, secs
         rep = build_report(mutants, root=root, commit=commit, dirty=dirty, quick=a.quick,

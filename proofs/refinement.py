@@ -41,12 +41,15 @@ from pagedkv.spec import (
     RECLAIMED,
     REFERENCED,
     initial_state,
+    live_instances,
     states_equal,
     step,
     violations,
 )
 
 RIDS = ("r0", "r1", "r2", "r3", "r4")
+LIVE = "__live__:"  # CAMPAIGN key prefix: live instances of each invariant (sampled steps)
+LIVE_EVERY = 10
 
 # Campaign statistics, read by ``pagedkv verify``: "rule: outcome" labels and the step count.
 CAMPAIGN: Counter[str] = Counter()
@@ -150,10 +153,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         )
         return m.count[FREE] + cached_idle
 
-    def _hits(self, e: Expect, num_tokens: int) -> list[int]:
+    def _hits(self, e: Expect) -> list[int]:
+        """The prefix hits the first allocate takes: all of them, whatever the first chunk."""
         if not self.alloc.prefix_caching:
             return []
-        limit = min(len(e.tokens) - 1, num_tokens)
+        limit = len(e.tokens) - 1
         hashes = chain_hashes(e.tokens[: max(0, limit)], self.B, salt=e.salt)
         out = []
         for h in hashes:
@@ -187,7 +191,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             return
         e = Expect(tokens, salt)
         cached = self.alloc.add_request(rid, tokens, cache_salt=salt)
-        assert cached == len(self._hits(e, len(tokens))) * self.B
+        assert cached == len(self._hits(e)) * self.B
         assert cached < len(tokens)
         _event("add_request: ok" + (" with cached prefix" if cached else ""))
         self.expect[rid] = e
@@ -200,7 +204,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         e = self.expect[rid]
         n = e.reserved + data.draw(st.integers(0, 3 * self.B))
         before = self.alloc.block_table(rid)
-        hits = [] if e.started else self._hits(e, n)
+        hits = [] if e.started else self._hits(e)
+        asked, n = n, max(n, len(hits) * self.B)  # a first chunk smaller than the hits
         need = blocks_needed(n, self.B) - e.table_len - len(hits)
         revived = sum(
             1 for b in hits if self.model.state[b] == CACHED and self.model.pending[b] == 0
@@ -208,10 +213,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         # Events only turn done in event_fires, which reclaims at once: the spec's room is
         # exactly what the allocator can take.
         if need > self._usable() - revived:
-            self._refused(lambda: self.alloc.allocate(rid, n), OutOfBlocks)
+            self._refused(lambda: self.alloc.allocate(rid, asked), OutOfBlocks)
             _event("allocate: OutOfBlocks")
             return
-        table = self.alloc.allocate(rid, n)
+        table = self.alloc.allocate(rid, asked)
         self._replay()
         self._sync_launches()
         assert table[: len(before)] == before, "growth must only append"
@@ -222,7 +227,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             e.computed = e.issued = len(hits) * self.B
         e.reserved, e.table_len = n, len(table)
         assert self.alloc.num_computed(rid) == e.computed
-        _event("allocate: ok" + (" with prefix hits" if hits else ""))
+        _event("allocate: ok" + (" with prefix hits" if hits else "")
+               + (" (first chunk smaller than the hits)" if asked < n else ""))
 
     def shrink_refused(self, data):
         rid = data.draw(st.sampled_from(sorted(r for r, e in self.expect.items() if e.reserved)))
@@ -347,15 +353,30 @@ class AllocatorMachine(RuleBasedStateMachine):
         child = data.draw(st.sampled_from([r for r in RIDS if r not in self.expect]))
         self.fork_child(parent, child)
 
+    def _fork_allowed(self, parent: str, child: str) -> bool:
+        """The spec's answer: the child can share every written block of the parent (the
+        share guard, with the child's table open) and take a fresh one for each block never
+        handed to a kernel (ALLOCATED)."""
+        m = self.model
+        opened = step(m.replace(holder_ids=(*m.holder_ids, child)), "open_holder", r=child)
+        table = self.alloc.block_table(parent)
+        fresh = sum(1 for b in table if m.state[b] == ALLOCATED)
+        shared_ok = all(step(opened, "share", b=b, r=child) is not None
+                        for b in table if m.state[b] != ALLOCATED)
+        return shared_ok and fresh <= self._usable()
+
     def fork_child(self, parent: str, child: str) -> None:
+        allowed = self._fork_allowed(parent, child)
         try:
             table = self.alloc.fork(parent, child)
-        except AllocatorError:
+        except AllocatorError as exc:
+            assert not allowed, f"the spec allows fork({parent!r}, {child!r}); refused: {exc}"
             self.alloc.pool.trace.clear()  # open/close of the child cancel out
             self._replay()
             assert child not in self.alloc.requests
             _event("fork: refused")
             return
+        assert allowed, f"fork({parent!r}, {child!r}) succeeded where the spec refuses"
         self._replay()
         p = self.expect[parent]
         self.expect[child] = Expect(
@@ -375,7 +396,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         if readmit:
             e2 = Expect(list(e.tokens), e.salt)
             cached = self.alloc.add_request(rid, e.tokens, cache_salt=e.salt)
-            assert cached == len(self._hits(e2, len(e.tokens))) * self.B
+            assert cached == len(self._hits(e2)) * self.B
             self.expect[rid] = e2
             self._replay()
             _event("free: preempted" + (", prefix re-hit" if cached else ""))
@@ -396,7 +417,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             e.tokens += extra
         target = max(e.reserved, len(e.tokens))
         if target > e.reserved:
-            hits = [] if e.started else self._hits(e, target)
+            hits = [] if e.started else self._hits(e)
+            target = max(target, len(hits) * self.B)
             need = blocks_needed(target, self.B) - e.table_len - len(hits)
             revived = sum(1 for b in hits if self.model.state[b] == CACHED
                           and self.model.pending[b] == 0)
@@ -433,9 +455,10 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def allocate_exact(self, rid: str, n: int) -> None:
         e = self.expect[rid]
-        hits = [] if e.started else self._hits(e, n)
+        hits = [] if e.started else self._hits(e)
         table = self.alloc.allocate(rid, n)
         self._replay()
+        n = max(n, len(hits) * self.B)
         assert len(table) == blocks_needed(n, self.B)
         if not e.started:
             e.started = True
@@ -594,6 +617,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             step_hook()
         self.alloc.check_invariants()
         a = self.alloc.abstract()
+        if CAMPAIGN[STEPS] % LIVE_EVERY == 0:
+            for name, n in live_instances(a.pool, a.tables).items():
+                CAMPAIGN[LIVE + name] += n
         assert {t.holder for t in a.tables} == set(self.expect)
         for t in a.tables:
             e = self.expect[t.holder]
@@ -602,7 +628,15 @@ class AllocatorMachine(RuleBasedStateMachine):
         counts = self.alloc.stats()
         m = self.model
         assert counts["free"] == m.count[FREE]
-        assert counts["in_use"] == m.count[ALLOCATED] + m.count[PUBLISHED] + m.count[REFERENCED]
+        assert counts["held"] == m.count[ALLOCATED] + m.count[PUBLISHED] + m.count[REFERENCED]
+        busy = sum(1 for b in m.block_ids if m.state[b] == CACHED and m.pending[b] > 0)
+        assert counts["cached"] == m.count[CACHED]
+        assert counts["evictable_after_launches"] == busy
+        assert counts["allocatable_now"] == self._usable()
+        assert counts["waiting_on_launches"] == m.count[RECLAIMED] + busy
+        assert counts["pinned_by_launches"] == sum(1 for b in m.block_ids if m.pending[b] > 0)
+        assert counts["occupancy_tokens"] == sum(e.reserved for e in self.expect.values())
+        assert counts["occupancy_blocks"] == sum(e.table_len for e in self.expect.values())
         note(f"counts={counts}")
 
     def teardown(self):

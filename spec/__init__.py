@@ -1,6 +1,6 @@
 """pagedkv.spec — the block lifecycle, written once: states, transitions, invariants."""
 
-from .check import spec_digest, step, violations
+from .check import live_instances, spec_digest, step, violations
 from .invariants import INVARIANTS, PROPERTIES, Invariant, TableView
 from .model import BLOCK_FIELDS, PoolState, initial_state, states_equal
 from .ops import CONCRETE, Arr, ConcreteOps, Overlay, Z3Ops, flatten
@@ -23,6 +23,7 @@ __all__ = [
     "ALL_STATES", "ALLOCATED", "Arr", "BLOCK_FIELDS", "BlockState", "CACHED", "CONCRETE",
     "ConcreteOps", "FREE", "INVARIANTS", "Invariant", "NO_BLOCK", "NO_HASH", "Overlay",
     "PROPERTIES", "PUBLISHED", "PoolState", "RECLAIMED", "REFERENCED", "TRANSITIONS",
-    "TableView", "Transition", "Z3Ops", "flatten", "initial_state", "slots_written",
+    "TableView", "Transition", "Z3Ops", "flatten", "initial_state", "live_instances",
+    "slots_written",
     "spec_digest", "state_name", "states_equal", "step", "violations",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 
 from .invariants import INVARIANTS, Invariant, TableView
 from .model import PoolState
-from .ops import CONCRETE
+from .ops import CONCRETE, ConcreteOps
 from .transitions import TRANSITIONS
 
 
@@ -53,6 +53,48 @@ def violations(
             out += [(inv.name, t.holder) for t in tables if not inv.pred(CONCRETE, s, t)]
         else:  # pragma: no cover - a spec authoring error
             raise ValueError(f"unknown invariant scope {inv.scope!r}")
+    return out
+
+
+class _PremiseOps(ConcreteOps):
+    """ConcreteOps that notes whether an implication's premise held (the instance was live)."""
+
+    def __init__(self) -> None:
+        self.premises = 0
+        self.live = 0
+
+    def Implies(self, a: Any, b: Any) -> bool:
+        self.premises += 1
+        if a:
+            self.live += 1
+        return (not a) or bool(b)
+
+
+def _instances(inv: Invariant, s: PoolState, tables: list[TableView]) -> list[tuple[Any, ...]]:
+    if inv.scope == "block":
+        return [(b,) for b in s.block_ids]
+    if inv.scope == "hash":
+        return [(h,) for h in hash_ids(s)]
+    if inv.scope == "holder":
+        return [(r,) for r in s.holder_ids]
+    if inv.scope == "table":
+        return [(t,) for t in tables]
+    return [()]
+
+
+def live_instances(s: PoolState, tables: Iterable[TableView] = ()) -> dict[str, int]:
+    """Per invariant, its instances on this state that are not vacuously true: every instance
+    of an invariant with no implication, else those where some implication's premise holds.
+    Evidence that a check exercised the invariant, not only that it passed."""
+    tables = list(tables)
+    out: dict[str, int] = {}
+    for inv in INVARIANTS.values():
+        n = 0
+        for args in _instances(inv, s, tables):
+            ops = _PremiseOps()
+            inv.pred(ops, s, *args)
+            n += ops.live > 0 or ops.premises == 0
+        out[inv.name] = n
     return out
 
 

@@ -186,7 +186,7 @@ def test_freed_prefix_stays_cached_and_revives():
     table = a.block_table("a")
     a.free("a")
     assert [a.state(b) for b in table] == [CACHED, CACHED, FREE]
-    assert a.stats()["evictable_cached"] == 2
+    assert a.stats()["cached"] == 2
     # preemption = free + re-add: the cached prefix is hit again
     assert a.add_request("a", list(range(9))) == 8
     assert a.allocate("a", 9)[:2] == table[:2]
@@ -208,10 +208,10 @@ def test_lru_eviction_when_pool_is_full():
     a.add_request("old", [1, 2, 3, 4, 5])
     run_step(a, "old", 4)
     a.free("old")
-    assert a.stats() | {} and a.stats()["evictable_cached"] == 2
+    assert a.stats() | {} and a.stats()["cached"] == 2
     a.add_request("new", [9, 9, 9, 9, 9, 9, 9])
     a.allocate("new", 7)  # needs all 4 blocks: both cached ones are evicted
-    assert a.stats()["evictable_cached"] == 0
+    assert a.stats()["cached"] == 0
     assert a.add_request("old", [1, 2, 3, 4, 5]) == 0
 
 
@@ -245,7 +245,7 @@ def test_late_completion_delays_recycling():
     launch = a.publish(["a"])
     a.free("a")  # while the kernel still runs
     assert [a.state(b) for b in table] == [RECLAIMED, RECLAIMED]
-    assert a.stats()["reclaimed_pending"] == 2 and a.stats()["allocatable_now"] == 2
+    assert a.stats()["reclaimed_waiting"] == 2 and a.stats()["allocatable_now"] == 2
     a.add_request("b", list(range(20)))
     with pytest.raises(OutOfBlocks):
         a.allocate("b", 16)

@@ -274,7 +274,9 @@ def test_fork_refusal_names_up_to_eight_blocks():
     a.add_request("p", list(range(10)))
     a.allocate("p", 10)
     launch = a.publish(["p"])  # writes all 10 blocks
-    with pytest.raises(Exception, match=r"blocks \[0, 1, 2, 3, 4, 5, 6, 7\] of 'p'"):
+    with pytest.raises(
+        Exception, match=r"fork\('p', 'c'\) cannot share blocks \[0, 1, 2, 3, 4, 5, 6, 7\]:"
+    ):
         a.fork("p", "c")
     launch.complete()
 

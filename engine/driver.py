@@ -1,0 +1,180 @@
+"""A scheduler-call driver over ``pagedkv.engine.KVCacheManager``.
+
+It has the calls of the vLLM anchor's driver (``shared/anchors/vllm_kvcache/vllm_kv.py``:
+``step``, ``add``, ``allocate``, ``commit``, ``append``, ``preempt``, ``free`` and the
+observation calls), so the anchor's ``traces.simulate`` / ``bench_step.py --driver
+pagedkv.engine.driver:make`` run the same continuous-batching loop on pagedkv. Each call does
+what vLLM 0.33.0's Scheduler does with its KVCacheManager, on pagedkv's manager:
+
+- ``add``: an ``EngineRequest`` (new id) and ``get_computed_blocks`` (every admission
+  attempt; a failed admission needs a new ``add(rid)``);
+- ``allocate``: ``allocate_slots`` (admission: with the lookup's blocks,
+  ``full_sequence_must_fit=True``, ``has_scheduled_reqs``; then RUNNING, computed = hits,
+  ``record_prefix_cache_stats``);
+- ``commit(rid, n)``: the step ran. The driver models it as one launch per request:
+  ``publish([req])``, ``complete(launch)`` — that is when the full blocks written become
+  prefix hits — then ``num_computed_tokens = n``;
+- ``append`` / ``preempt`` / ``free``: ``append_token`` / ``preempt`` / ``free``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .manager import KVCacheBlocks, KVCacheManager
+from .request import EngineRequest, RequestStatus
+
+
+def make(num_blocks: int, block_size: int, enable_caching: bool = True, *,
+         max_num_batched_tokens: int = 8192, checked: bool = False,
+         **manager_kwargs: Any) -> PagedKVDriver:
+    """A driver over a fresh ``KVCacheManager`` (``num_blocks`` includes the null block, as
+    in the vLLM driver). ``max_num_batched_tokens`` is accepted for the anchor's factory
+    signature and unused."""
+    return PagedKVDriver(num_blocks, block_size, enable_caching, checked=checked,
+                         **manager_kwargs)
+
+
+class PagedKVDriver:
+    """One request table per id over pagedkv's KVCacheManager (see the module docstring)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, *,
+                 checked: bool = False, **manager_kwargs: Any) -> None:
+        self.manager = KVCacheManager(num_blocks, block_size, enable_caching, checked,
+                                      **manager_kwargs)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.requests: dict[Any, EngineRequest] = {}
+        self._pending: dict[Any, tuple[KVCacheBlocks, int]] = {}
+        self._num_running = 0
+        self._stats = dict(lookups=0, requests=0, queries=0, hits=0,
+                           preempted_requests=0, preempted_queries=0, preempted_hits=0)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def add(self, rid: Any, token_ids: Any = None, cache_salt: str | None = None,
+            max_tokens: int = 1 << 30) -> int:
+        req = self.requests.get(rid)
+        if req is None:
+            if token_ids is None:
+                raise KeyError(f"unknown request {rid!r}: add() needs its token_ids")
+            req = EngineRequest(rid, list(token_ids), cache_salt=cache_salt)
+            self.requests[rid] = req
+        else:
+            if token_ids is not None or cache_salt is not None:
+                raise ValueError(f"request {rid!r} exists; re-add it with add(rid) only")
+            if req.status == RequestStatus.RUNNING:
+                raise ValueError(f"request {rid!r} is running; preempt() it before re-adding")
+        blocks, hits, _ = self.manager.get_computed_blocks(req)
+        self._pending[rid] = (blocks, hits)
+        self._stats["lookups"] += 1
+        return hits
+
+    def allocate(self, rid: Any, num_new_tokens: int, num_lookahead_tokens: int = 0, *,
+                 full_sequence_must_fit: bool = True,
+                 has_scheduled_reqs: bool | None = None) -> list[int] | None:
+        req = self.requests[rid]
+        m = self.manager
+        if req.status == RequestStatus.RUNNING:
+            new = m.allocate_slots(req, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
+            return None if new is None else list(new.block_ids)
+        pending = self._pending.pop(rid, None)
+        if pending is None:
+            raise RuntimeError(f"request {rid!r} is waiting: call add({rid!r}) right before "
+                               "allocate()")
+        blocks, hits = pending
+        if has_scheduled_reqs is None:
+            has_scheduled_reqs = self._num_running > 0
+        new = m.allocate_slots(req, num_new_tokens, num_new_computed_tokens=hits,
+                               new_computed_blocks=blocks,
+                               num_lookahead_tokens=num_lookahead_tokens,
+                               full_sequence_must_fit=full_sequence_must_fit,
+                               has_scheduled_reqs=has_scheduled_reqs)
+        if new is None:
+            return None
+        m.record_prefix_cache_stats(req, hits)
+        s = self._stats
+        pre = "preempted_" if req.num_preemptions > 0 else ""
+        s[pre + "requests"] += 1
+        s[pre + "queries"] += req.num_tokens
+        s[pre + "hits"] += hits
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = hits
+        self._num_running += 1
+        return list(new.block_ids)
+
+    def commit(self, rid: Any, num_computed_tokens: int, *, cache: bool = False) -> None:
+        req = self.requests[rid]
+        if req.status != RequestStatus.RUNNING:
+            raise ValueError(f"request {rid!r} is not running")
+        m = self.manager
+        reserved = m.allocator.num_reserved(rid)
+        if not (req.num_computed_tokens <= num_computed_tokens <= min(req.num_tokens, reserved)):
+            raise ValueError(f"request {rid!r}: cannot commit {num_computed_tokens} tokens "
+                             f"(computed {req.num_computed_tokens}, tokens {req.num_tokens}, "
+                             f"allocated {reserved})")
+        if num_computed_tokens > req.num_computed_tokens:
+            m.complete(m.publish([req]))
+        req.num_computed_tokens = num_computed_tokens
+        if cache:
+            m.cache_blocks(req, num_computed_tokens)
+
+    def append(self, rid: Any, token: int) -> None:
+        self.manager.append_token(self.requests[rid], int(token))
+
+    def preempt(self, rid: Any) -> None:
+        req = self.requests[rid]
+        if req.status != RequestStatus.RUNNING:
+            raise ValueError(f"request {rid!r} is not running")
+        self.manager.preempt(req)
+        self._num_running -= 1
+
+    def free(self, rid: Any) -> None:
+        req = self.requests.pop(rid)
+        self._pending.pop(rid, None)
+        if req.status == RequestStatus.RUNNING:
+            self._num_running -= 1
+        req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        self.manager.free(req)
+
+    def step(self) -> None:
+        self.manager.new_step_starts()
+
+    # -- observation -----------------------------------------------------------------------
+    def block_ids(self, rid: Any) -> list[int]:
+        return self.manager.get_block_ids(rid)[0]
+
+    def table_len(self, rid: Any) -> int:
+        return len(self.manager.get_block_ids(rid)[0])
+
+    def num_tokens(self, rid: Any) -> int:
+        return self.requests[rid].num_tokens
+
+    def num_computed(self, rid: Any) -> int:
+        return self.requests[rid].num_computed_tokens
+
+    def status(self, rid: Any) -> str:
+        return self.requests[rid].status.name
+
+    def usage(self) -> float:
+        return self.manager.usage
+
+    def num_free(self) -> int:
+        """Usable blocks no request holds (vLLM's free-queue length)."""
+        return self.manager.get_num_free_blocks()
+
+    def num_evictable(self) -> int:
+        """Zero-ref cached blocks (vLLM: free-queue blocks that still hold a hash)."""
+        return self.manager.stats()["cached"]
+
+    def prefix_stats(self) -> dict:
+        s: dict[str, Any] = dict(self._stats)
+        s["hit_rate"] = s["hits"] / s["queries"] if s["queries"] else 0.0
+        st = self.manager.stats()
+        s["cached_blocks"] = len(self.manager.allocator.pool.hmap)
+        s["evictable_cached_blocks"] = st["cached"]
+        s["hash_entries"] = len(self.manager.allocator.pool.hmap)
+        return s
+
+
+__all__ = ["PagedKVDriver", "make"]

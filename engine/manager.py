@@ -1,0 +1,653 @@
+"""KVCacheManager: a vLLM-0.33.0-shaped front door over one pagedkv ``BlockAllocator``.
+
+The calls and their meaning follow vLLM 0.33.0's ``vllm/v1/core/kv_cache_manager.py`` (one
+full-attention KV-cache group), so a scheduler written against vLLM's manager can drive
+pagedkv: ``get_computed_blocks`` (prefix lookup), ``allocate_slots`` (all or nothing: ``None``
+and nothing changed when it does not fit), ``free``, ``usage``, ``make_prefix_cache_stats`` /
+``record_prefix_cache_stats``, ``reset_prefix_cache``, ``take_events``, ``get_block_ids``,
+``get_blocks``, ``get_num_common_prefix_blocks``, ``new_step_starts``, ``cache_blocks``. On top
+of that it has what vLLM lacks, the launch: ``publish(requests) -> Launch`` hands the step's
+block tables to the kernels and pins every block they use; ``complete(launch)`` (or
+``launch.record(event)``, noticed at the next call) says the kernels are done, and only then
+do the full blocks that launch wrote enter the prefix cache.
+
+Deliberate differences from vLLM 0.33.0 (each one is a safety rule or a scope limit):
+
+1. **Hits only on written KV.** vLLM hashes and caches a request's full blocks inside
+   ``allocate_slots``, before the step that writes their KV has run, so a request admitted
+   later in the same step can hit blocks whose KV does not exist yet. Here blocks enter the
+   cache only when the launch that wrote them completed (``complete`` / a recorded event);
+   such a request recomputes the prefix instead.
+2. **Identical full blocks are deduplicated.** vLLM caches every full block under its hash,
+   so one hash can map to several blocks. Here a full block whose hash is already cached is
+   not cached again: the copy stays private to its request and is freed (reused first, like
+   an unhashed block) when the request frees it, where vLLM keeps it as a second evictable
+   entry at the LRU end. Evictable counts are therefore lower and, when the pool is under
+   pressure, eviction order can differ.
+3. **The lookup cannot go stale.** ``BlockAllocator.allocate`` takes every prefix hit the
+   cache holds at a request's first allocation. ``allocate_slots`` re-runs the lookup and
+   compares it with the ``new_computed_blocks`` it is given: a lookup that went stale (the
+   cache changed in between) returns ``None`` and changes nothing (redo
+   ``get_computed_blocks``, as vLLM's scheduler does on every admission attempt); a first
+   allocation that passes no lookup while the cache holds hits is a ``ValueError``.
+   ``max_cache_hit_length`` shorter than ``num_tokens - 1`` is refused for the same reason.
+4. **The null block.** Like vLLM, ``num_blocks`` counts a null block: block 0 is never handed
+   out (a private holder keeps it), so ids and ``usage`` match vLLM's (``num_blocks - 1``
+   usable). ``null_block=False`` uses every block.
+5. **Pins.** Blocks an in-flight launch still reads are not reusable until it completes:
+   a freed block waits (``stats()["reclaimed_waiting"]``) and capacity checks count only
+   blocks allocatable now (FREE, idle cached, and what completed launches release). They
+   count as not in use in ``usage`` and ``get_num_free_blocks`` (no request holds them).
+6. **Scope.** One full-attention group; ``num_lookahead_tokens`` (spec decode: a launch
+   writes every reserved position and must know its token id), ``num_external_computed_tokens``
+   (KV connectors) and ``num_encoder_tokens`` must be 0. ``delay_cache_blocks`` and
+   ``skip_zeroing_group_ids`` are accepted and have no effect (caching always waits for the
+   launch). ``cache_blocks`` caches nothing by itself: it only processes completed launches.
+7. **Return shapes.** ``get_computed_blocks`` returns vLLM 0.33.0's triple
+   ``(blocks, num_computed_tokens, shared_prefix_boundary)``, the last always 0 (full
+   attention); ``get_num_common_prefix_blocks`` returns ``[0]`` as vLLM 0.33.0 does (cascade
+   attention was removed). ``KVCacheBlocks`` holds block ids, not block objects.
+8. **KV events.** Hashes are pagedkv's 256-bit ints; one ``BlockStored`` per contiguous run of
+   newly cached blocks of a request, at completion (it also lists the block ids); one
+   ``BlockRemoved`` per eviction; ``AllBlocksCleared`` on reset. Observed through the pool's
+   transition trace (``BlockPool.trace``), enabled only with ``enable_kv_cache_events=True``.
+
+Prefix stats are recorded by the scheduler, as in vLLM (``record_prefix_cache_stats`` at
+admission; preempted re-admissions are counted apart); ``make_prefix_cache_stats`` returns
+them and starts new ones. ``preempt(request)`` and ``append_token(request, token)`` do the
+KV-side part of vLLM's ``_preempt_request`` and ``append_output_token_ids``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, TypeVar
+
+from pagedkv.allocator import BlockAllocator, Launch, LaunchAlreadyCompleted, OutOfBlocks
+from pagedkv.allocator.hashing import block_hash
+from pagedkv.spec import CACHED, PUBLISHED, REFERENCED
+from pagedkv.spec.states import ALLOCATED
+
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from .request import EngineRequest, RequestStatus
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(method: _F) -> _F:
+    @wraps(method)
+    def run(self: KVCacheManager, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = int(value.__index__())
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+@dataclass(frozen=True, eq=True)
+class KVCacheBlocks:
+    """Block ids handed to or taken from the scheduler (vLLM's ``KVCacheBlocks``, one group).
+    Like vLLM's, an empty one is still truthy: test ``is None`` for a failed allocation."""
+
+    block_ids: tuple[int, ...] = ()
+
+    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
+        if allow_none and not self.block_ids:
+            return None
+        return (list(self.block_ids),)
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(self.block_ids + other.block_ids)
+
+
+@dataclass
+class PrefixCacheStats:
+    """vLLM's ``PrefixCacheStats``: lookups counted at admission, preempted ones apart."""
+
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+class _NullHolder:
+    """The private holder of the null block (block 0)."""
+
+    def __repr__(self) -> str:
+        return "<null block holder>"
+
+
+class _Live:
+    """A request the allocator has a table for."""
+
+    __slots__ = ("req", "known", "inflight", "cursor")
+
+    def __init__(self, req: EngineRequest) -> None:
+        self.req = req
+        self.known = req.num_tokens  # token ids the allocator knows
+        self.inflight: deque[tuple[Launch, int]] = deque()  # (launch, positions it covers)
+        self.cursor = 0  # where to look for the next committed hash (events)
+
+
+class KVCacheManager:
+    """vLLM 0.33.0's KVCacheManager calls over one pagedkv ``BlockAllocator`` (see module doc).
+
+    ``num_blocks`` includes the null block when ``null_block`` (the default, as in vLLM).
+    ``checked`` is the allocator's checked mode. ``watermark`` is vLLM's: a fraction of
+    ``num_blocks`` kept free when admitting waiting / preempted requests while others run.
+
+    Thread safety: every public method runs under one lock per manager; launches may be
+    completed (``Launch.complete``) from any thread: the manager notices at its next call.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        checked: bool = True,
+        *,
+        log_stats: bool = True,
+        enable_kv_cache_events: bool = False,
+        watermark: float = 0.0,
+        null_block: bool = True,
+    ) -> None:
+        for name, flag in (("enable_caching", enable_caching), ("checked", checked),
+                           ("log_stats", log_stats), ("null_block", null_block),
+                           ("enable_kv_cache_events", enable_kv_cache_events)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        if isinstance(watermark, bool) or not isinstance(watermark, int | float) or not (
+                0.0 <= watermark <= 1.0):
+            raise ValueError(f"watermark must be a fraction in [0, 1], got {watermark!r}")
+        if null_block and isinstance(num_blocks, int) and num_blocks < 2:
+            raise ValueError("num_blocks must be >= 2 with a null block")
+        self._alloc = BlockAllocator(num_blocks, block_size, prefix_caching=enable_caching,
+                                     checked=checked)
+        self._pool = self._alloc.pool
+        self.num_blocks: int = self._alloc.num_blocks
+        self.block_size: int = self._alloc.block_size
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.log_stats = log_stats
+        self.watermark_blocks = int(watermark * self.num_blocks)
+        self.empty_kv_cache_blocks = KVCacheBlocks()
+        self._lock = threading.RLock()
+        self._live: dict[Hashable, _Live] = {}
+        self._inflight: dict[int, tuple[Launch, list[_Live]]] = {}  # by Launch.seq
+        self._prefix_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self._events: list[KVCacheEvent] = []
+        self._cached_hash: dict[int, int] = {}  # block -> hash it is cached under (events)
+        self._trace: list[tuple[str, dict[str, Any]]] | None = None
+        self._null: _NullHolder | None = None
+        if null_block:
+            self._null = _NullHolder()
+            self._alloc.add_request(self._null, [0])
+            if self._alloc.allocate(self._null, 1) != [0]:  # pragma: no cover - queue order
+                raise AssertionError("the null block is not block 0")
+        if enable_kv_cache_events:
+            self._trace = []
+            self._pool.trace = self._trace
+
+    # ---- properties --------------------------------------------------------------------
+    @property
+    def allocator(self) -> BlockAllocator:
+        """The underlying allocator (for kernels: ``block_generations``, ``attach_pool``)."""
+        return self._alloc
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - (self._null is not None)
+
+    def _held(self) -> int:
+        c = self._pool.count
+        return c[ALLOCATED] + c[PUBLISHED] + c[REFERENCED] - (self._null is not None)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the usable blocks that some request holds (vLLM: 1 - free / usable)."""
+        with self._lock:
+            total = self.num_usable_blocks
+            return self._held() / total if total else 0.0
+
+    @_locked
+    def get_num_free_blocks(self) -> int:
+        """Usable blocks no request holds: FREE, zero-ref cached, and freed blocks still read by
+        an in-flight launch (vLLM's free-queue length; see ``stats()`` for the split)."""
+        return self.num_usable_blocks - self._held()
+
+    @_locked
+    def stats(self) -> dict[str, int]:
+        """The allocator's ``stats()`` (the null block counts in ``held``)."""
+        return self._alloc.stats()
+
+    # ---- hashing and lookup ------------------------------------------------------------
+    def _hashes(self, req: EngineRequest) -> list[int]:
+        B = self.block_size
+        key = (B, req.cache_salt, req.hash_keys)
+        if req._hash_key != key:
+            req._hash_key = key
+            req.block_hashes = []
+        hs, toks = req.block_hashes, req._all
+        keys, salt = key[2], req.cache_salt
+        while (len(hs) + 1) * B <= len(toks):
+            i = len(hs)
+            hs.append(block_hash(hs[-1] if hs else 0, toks[i * B:(i + 1) * B], keys,
+                                 salt if i == 0 else None))
+        return hs
+
+    def _lookup(self, req: EngineRequest) -> list[int]:
+        """The blocks the allocator's first ``allocate`` would take as prefix hits now."""
+        if not self.enable_caching:
+            return []
+        hs = self._hashes(req)
+        hmap = self._pool.hmap
+        out: list[int] = []
+        for i in range(min(max(0, req.num_tokens - 1) // self.block_size, len(hs))):
+            b = hmap.get(hs[i])
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    # ---- launches and completion --------------------------------------------------------
+    def _sweep(self) -> None:
+        """Complete launches whose events are done; commit what completed launches wrote."""
+        if not self._inflight:
+            return
+        done = [pair for pair in self._inflight.values()
+                if pair[0].completed or pair[0].event_done()]
+        if not done:
+            return
+        touched: dict[int, _Live] = {}
+        for launch, entries in done:
+            if not launch.completed:
+                launch.poll()
+            del self._inflight[launch.seq]
+            for e in entries:
+                touched[id(e)] = e
+        self._drain()
+        for e in touched.values():
+            self._advance(e)
+
+    def _advance(self, entry: _Live) -> None:
+        target = None
+        while entry.inflight and entry.inflight[0][0].completed:
+            target = entry.inflight.popleft()[1]
+        rid = entry.req.request_id
+        if target is None or self._live.get(rid) is not entry:
+            return
+        if entry.inflight:  # a later launch may still write the last partial block
+            target -= target % self.block_size
+        if target <= self._alloc.num_computed(rid):
+            return
+        self._alloc.commit(rid, target)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Turn the pool's recorded commits and evictions into KV events."""
+        tr = self._trace
+        if not tr:
+            return
+        run: list[tuple[Hashable, int, int]] = []
+        for name, p in tr:
+            if name == "commit":
+                self._cached_hash[p["b"]] = p["h"]
+                run.append((p["r"], p["b"], p["h"]))
+            elif name == "evict":
+                if run:
+                    self._emit_stored(run)
+                    run = []
+                h = self._cached_hash.pop(p["b"])
+                self._events.append(BlockRemoved(block_hashes=[h]))
+        if run:
+            self._emit_stored(run)
+        tr.clear()
+
+    def _emit_stored(self, commits: list[tuple[Hashable, int, int]]) -> None:
+        B = self.block_size
+        groups: list[tuple[_Live, list[int], list[int]]] = []  # (entry, indices, blocks)
+        for rid, b, h in commits:
+            entry = self._live[rid]
+            hs = self._hashes(entry.req)
+            i = entry.cursor
+            while i < len(hs) and hs[i] != h:
+                i += 1
+            if i == len(hs):  # pragma: no cover - commits come in index order
+                i = hs.index(h)
+            entry.cursor = i + 1
+            if groups and groups[-1][0] is entry and groups[-1][1][-1] == i - 1:
+                groups[-1][1].append(i)
+                groups[-1][2].append(b)
+            else:
+                groups.append((entry, [i], [b]))
+        for entry, idx, blocks in groups:
+            req = entry.req
+            hs = self._hashes(req)
+            keys = req.hash_keys
+            self._events.append(BlockStored(
+                block_hashes=[hs[i] for i in idx],
+                parent_block_hash=hs[idx[0] - 1] if idx[0] else None,
+                token_ids=req._all[idx[0] * B:(idx[-1] + 1) * B],
+                block_size=B,
+                lora_id=req.lora_id,
+                lora_name=req.lora_name,
+                extra_keys=[(req.cache_salt, *keys) if i == 0 and req.cache_salt is not None
+                            else keys for i in idx],
+                block_ids=blocks,
+            ))
+
+    def _sync(self, entry: _Live) -> None:
+        """Tell the allocator the tokens appended to the request since it last knew."""
+        req = entry.req
+        if entry.known < req.num_tokens:
+            self._alloc.append_tokens(req.request_id, req._all[entry.known:])
+            entry.known = req.num_tokens
+            if self.enable_caching:
+                self._hashes(req)  # keep request.block_hashes current, as vLLM's Request
+
+    @_locked
+    def publish(self, requests: Sequence[EngineRequest]) -> Launch:
+        """Hand the requests' block tables to the kernels (``BlockAllocator.publish``): the
+        launch writes each request's positions allocated since its last launch and pins every
+        block it reads. Complete it with ``complete(launch)`` or ``launch.record(event)``."""
+        self._sweep()
+        entries: list[_Live] = []
+        for r in requests:
+            entry = self._live.get(getattr(r, "request_id", None))
+            if entry is None or entry.req is not r:
+                raise ValueError(f"{r!r} holds no blocks of this manager (allocate_slots first)")
+            entries.append(entry)
+        for entry in entries:
+            self._sync(entry)
+        launch = self._alloc.publish([e.req.request_id for e in entries])
+        self._drain()
+        for entry in entries:
+            entry.inflight.append((launch, self._alloc.num_reserved(entry.req.request_id)))
+        self._inflight[launch.seq] = (launch, entries)
+        return launch
+
+    @_locked
+    def complete(self, launch: Launch) -> None:
+        """The launch's kernels are done: unpin its blocks and cache the full blocks it wrote.
+        ``LaunchAlreadyCompleted`` if it already completed."""
+        pair = self._inflight.get(getattr(launch, "seq", None))  # type: ignore[arg-type]
+        if pair is None or pair[0] is not launch:
+            if isinstance(launch, Launch) and launch.completed:
+                raise LaunchAlreadyCompleted(f"{launch!r} already completed")
+            raise ValueError(f"{launch!r} is not an in-flight launch of this manager")
+        launch.complete()
+        self._sweep()
+
+    @_locked
+    def poll(self) -> int:
+        """Process launches that completed or whose recorded events are done; returns how many
+        launches are still in flight."""
+        self._sweep()
+        return len(self._inflight)
+
+    @_locked
+    def new_step_starts(self) -> None:
+        """Start of a scheduler step: process completed launches."""
+        self._sweep()
+
+    @_locked
+    def cache_blocks(self, request: EngineRequest, num_computed_tokens: int) -> None:
+        """vLLM caches blocks here; pagedkv caches them when their launch completes, so this
+        only processes completed launches."""
+        _count(num_computed_tokens, "num_computed_tokens")
+        self._sweep()
+
+    # ---- the vLLM calls ----------------------------------------------------------------
+    @_locked
+    def get_computed_blocks(
+        self, request: EngineRequest, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        """The prefix-cache hit for a waiting request: (blocks, hit tokens, 0). Whole blocks
+        only, never the last token (it must be computed to get logits). Nothing is taken: pass
+        the blocks to ``allocate_slots`` right away (it re-validates them)."""
+        self._sweep()
+        if request.request_id in self._live:
+            raise ValueError(f"{request!r} already holds blocks: lookups are for admission")
+        if max_cache_hit_length is not None:
+            if _count(max_cache_hit_length, "max_cache_hit_length") < request.num_tokens - 1:
+                raise ValueError("max_cache_hit_length < num_tokens - 1 is not supported: "
+                                 "BlockAllocator takes every hit at the first allocation")
+        hits = self._lookup(request)
+        if not hits:
+            return self.empty_kv_cache_blocks, 0, 0
+        return KVCacheBlocks(tuple(hits)), len(hits) * self.block_size, 0
+
+    @_locked
+    def allocate_slots(
+        self,
+        request: EngineRequest,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> KVCacheBlocks | None:
+        """Grow the request's table to cover ``num_computed_tokens + num_new_computed_tokens +
+        num_new_tokens`` positions; the first call also takes the prefix hit
+        ``new_computed_blocks`` (from ``get_computed_blocks``). Returns the newly allocated
+        blocks, or ``None`` when they do not fit (or the lookup went stale): nothing changed.
+
+        ``full_sequence_must_fit``: admit only if the whole current sequence
+        (``request.num_tokens``) would fit. ``reserved_blocks``: leave that many allocatable
+        blocks. The watermark applies to WAITING / PREEMPTED requests when
+        ``has_scheduled_reqs``."""
+        self._sweep()
+        num_new_tokens = _count(num_new_tokens, "num_new_tokens")
+        num_new_computed_tokens = _count(num_new_computed_tokens, "num_new_computed_tokens")
+        reserved_blocks = _count(reserved_blocks, "reserved_blocks")
+        for name, v in (("num_lookahead_tokens", num_lookahead_tokens),
+                        ("num_external_computed_tokens", num_external_computed_tokens),
+                        ("num_encoder_tokens", num_encoder_tokens)):
+            if _count(v, name):
+                raise ValueError(f"{name} > 0 is not supported by pagedkv.engine")
+        if num_new_tokens == 0 and num_new_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                             "computed tokens to adopt")
+        if new_computed_blocks is not None and not isinstance(new_computed_blocks,
+                                                              KVCacheBlocks):
+            raise TypeError("new_computed_blocks must be KVCacheBlocks or None")
+        B, alloc, pool = self.block_size, self._alloc, self._pool
+        rid = request.request_id
+        entry = self._live.get(rid)
+        given = new_computed_blocks.block_ids if new_computed_blocks is not None else ()
+        if num_new_computed_tokens != len(given) * B:
+            raise ValueError(f"num_new_computed_tokens {num_new_computed_tokens} != "
+                             f"{len(given)} blocks x {B}")
+        if entry is None:
+            if request.num_computed_tokens:
+                raise ValueError(f"{request!r} holds no blocks but num_computed_tokens is "
+                                 f"{request.num_computed_tokens} (preempt resets it to 0)")
+            hits = self._lookup(request)
+            if list(given) != hits:
+                if new_computed_blocks is None:
+                    raise ValueError(f"{request!r}: the cache holds {len(hits)} hit blocks; "
+                                     "pass get_computed_blocks()'s result (the first "
+                                     "allocation takes every hit)")
+                return None  # stale lookup: redo get_computed_blocks
+            table_len = 0
+            target = num_new_computed_tokens + num_new_tokens
+        else:
+            if entry.req is not request:
+                raise ValueError(f"another request with id {rid!r} holds blocks")
+            if given:
+                raise ValueError(f"{request!r} is running: it takes no new prefix hits")
+            hits = []
+            reserved = alloc.num_reserved(rid)
+            table_len = _cdiv(reserved, B)
+            target = max(request.num_computed_tokens + num_new_tokens, reserved)
+        state, pending = pool.state, pool.pending
+        idle_hits = sum(1 for b in hits if state[b] == CACHED and pending[b] == 0)
+        watermark = 0
+        if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
+                                                     RequestStatus.PREEMPTED):
+            watermark = self.watermark_blocks
+        usable = pool.usable()
+        if full_sequence_must_fit:
+            full = max(_cdiv(request.num_tokens, B) - table_len - len(hits), 0)
+            if full + idle_hits + watermark > usable:
+                return None
+        need = max(_cdiv(target, B) - table_len - len(hits), 0)
+        if need + idle_hits + watermark > usable - reserved_blocks:
+            return None
+        if entry is None:
+            alloc.add_request(rid, request._all, cache_salt=request.cache_salt,
+                              extra_keys=request.hash_keys)
+            entry = _Live(request)
+            try:
+                table = alloc.allocate(rid, target)
+            except OutOfBlocks:  # pragma: no cover - checked above
+                alloc.free(rid)
+                return None
+            except Exception:
+                alloc.free(rid)
+                raise
+            self._live[rid] = entry
+        else:
+            self._sync(entry)
+            try:
+                table = alloc.allocate(rid, target)
+            except OutOfBlocks:  # pragma: no cover - checked above
+                return None
+        self._drain()
+        if table[table_len:table_len + len(hits)] != hits:  # pragma: no cover - internal
+            raise AssertionError(f"{rid!r} took other prefix hits than looked up")
+        new = table[table_len + len(hits):]
+        return KVCacheBlocks(tuple(new)) if new else self.empty_kv_cache_blocks
+
+    @_locked
+    def free(self, request: EngineRequest) -> None:
+        """Free the request's blocks, tail first (its tail is evicted first). Blocks an
+        in-flight launch reads wait for it; what that launch wrote is not cached. A request
+        that holds no blocks is ignored (as in vLLM)."""
+        rid = request.request_id
+        entry = self._live.get(rid)
+        if entry is None:
+            return
+        if entry.req is not request:
+            raise ValueError(f"another request with id {rid!r} holds blocks")
+        del self._live[rid]
+        self._alloc.free(rid)
+        self._drain()
+
+    @_locked
+    def preempt(self, request: EngineRequest) -> None:
+        """vLLM's ``_preempt_request`` on the KV side: free, PREEMPTED, no computed tokens."""
+        self.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+
+    @_locked
+    def append_token(self, request: EngineRequest, token_id: int) -> None:
+        """The model sampled ``token_id`` for ``request`` (``append_output_token_ids``)."""
+        request.append_output_token_ids([token_id])
+        entry = self._live.get(request.request_id)
+        if entry is not None and entry.req is request:
+            self._sync(entry)
+
+    @_locked
+    def record_prefix_cache_stats(self, request: EngineRequest, num_hits: int) -> None:
+        """Count one admission lookup (vLLM's scheduler calls it when a request is admitted)."""
+        if self._prefix_stats is None or not self.enable_caching:
+            return
+        self._prefix_stats.record(num_tokens=request.num_tokens,
+                                  num_hits=_count(num_hits, "num_hits"),
+                                  preempted=request.num_preemptions > 0)
+
+    @_locked
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix-cache stats since the last call (and start new ones); None without
+        ``log_stats``."""
+        if self._prefix_stats is None:
+            return None
+        stats, self._prefix_stats = self._prefix_stats, PrefixCacheStats()
+        return stats
+
+    @_locked
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash, so nothing hits. Refused (False) while a request holds
+        blocks, as in vLLM. Cached blocks an in-flight launch still reads become FREE when it
+        completes."""
+        self._sweep()
+        if self._held() > 0:
+            return False
+        self._drain()
+        pool = self._pool
+        for b in list(pool.hmap.values()):
+            pool.evict(b)
+            if pool.pending[b] == 0:
+                pool.recycle(b)
+        if self._trace is not None:
+            self._trace.clear()
+            self._cached_hash.clear()
+            self._events.append(AllBlocksCleared())
+        if self._prefix_stats is not None:
+            self._prefix_stats.reset = True
+        return True
+
+    @_locked
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV events since the last call ([] unless ``enable_kv_cache_events``)."""
+        events, self._events = self._events, []
+        return events
+
+    @_locked
+    def get_blocks(self, request_id: Hashable) -> KVCacheBlocks:
+        if request_id not in self._live:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks(tuple(self._alloc.block_table(request_id)))
+
+    @_locked
+    def get_block_ids(self, request_id: Hashable) -> tuple[list[int], ...]:
+        """The request's block table, one list per KV-cache group (one group here)."""
+        if request_id not in self._live:
+            return ([],)
+        return (self._alloc.block_table(request_id),)
+
+    def get_num_common_prefix_blocks(self, running_request_id: Hashable) -> list[int]:
+        """Deprecated in vLLM 0.33.0 (cascade attention was removed): ``[0]`` per group."""
+        return [0]
+
+
+__all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]

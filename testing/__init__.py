@@ -1,0 +1,1 @@
+"""pagedkv.testing — the refinement state machine, reusable against any allocator."""

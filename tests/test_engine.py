@@ -1,0 +1,565 @@
+"""Unit tests of pagedkv.engine: the vLLM-shaped KVCacheManager front door."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from typing import Any
+
+import pytest
+
+from pagedkv.allocator import LaunchAlreadyCompleted
+from pagedkv.engine import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CachedHashSet,
+    EngineRequest,
+    KVCacheBlocks,
+    KVCacheManager,
+    PrefixCacheStats,
+    RequestStatus,
+)
+from pagedkv.engine import driver as pk_driver
+
+B = 4
+
+
+def mgr(num_blocks: int = 16, **kw: Any) -> KVCacheManager:
+    return KVCacheManager(num_blocks, B, **kw)
+
+
+def admit(m: KVCacheManager, req: EngineRequest, n: int | None = None, **kw: Any) -> Any:
+    """The scheduler's admission: lookup, allocate_slots with the hit; RUNNING on success."""
+    blocks, hits, boundary = m.get_computed_blocks(req)
+    assert boundary == 0
+    n = req.num_tokens - hits if n is None else n
+    new = m.allocate_slots(req, n, hits, blocks, **kw)
+    if new is not None:
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = hits
+    return new, hits
+
+
+def run_step(m: KVCacheManager, reqs: list[EngineRequest], complete: bool = True) -> Any:
+    """Publish the requests' allocated positions as one launch; optionally complete it."""
+    launch = m.publish(reqs)
+    for r in reqs:
+        r.num_computed_tokens = m.allocator.num_reserved(r.request_id)
+    if complete:
+        m.complete(launch)
+    return launch
+
+
+def snapshot(m: KVCacheManager, *reqs: EngineRequest) -> Any:
+    pool = m.allocator.pool
+    return (m.stats(), m.usage, m.get_num_free_blocks(), dict(pool.hmap), pool.queue.order(),
+            list(pool.state), list(pool.ref), [m.get_block_ids(r.request_id) for r in reqs],
+            m.allocator.requests)
+
+
+# ---- the public interface, pinned --------------------------------------------------------
+EXPECTED_SIGNATURES = {
+    "KVCacheManager.__init__": (
+        "(self, num_blocks: 'int', block_size: 'int', enable_caching: 'bool' = True, "
+        "checked: 'bool' = True, *, log_stats: 'bool' = True, "
+        "enable_kv_cache_events: 'bool' = False, watermark: 'float' = 0.0, "
+        "null_block: 'bool' = True) -> 'None'"),
+    "KVCacheManager.get_computed_blocks": (
+        "(self, request: 'EngineRequest', max_cache_hit_length: 'int | None' = None) "
+        "-> 'tuple[KVCacheBlocks, int, int]'"),
+    "KVCacheManager.allocate_slots": (
+        "(self, request: 'EngineRequest', num_new_tokens: 'int', "
+        "num_new_computed_tokens: 'int' = 0, new_computed_blocks: 'KVCacheBlocks | None' = "
+        "None, num_lookahead_tokens: 'int' = 0, num_external_computed_tokens: 'int' = 0, "
+        "delay_cache_blocks: 'bool' = False, num_encoder_tokens: 'int' = 0, "
+        "full_sequence_must_fit: 'bool' = False, reserved_blocks: 'int' = 0, "
+        "has_scheduled_reqs: 'bool' = True, skip_zeroing_group_ids: 'tuple[int, ...]' = ()) "
+        "-> 'KVCacheBlocks | None'"),
+    "KVCacheManager.free": "(self, request: 'EngineRequest') -> 'None'",
+    "KVCacheManager.preempt": "(self, request: 'EngineRequest') -> 'None'",
+    "KVCacheManager.append_token": (
+        "(self, request: 'EngineRequest', token_id: 'int') -> 'None'"),
+    "KVCacheManager.publish": "(self, requests: 'Sequence[EngineRequest]') -> 'Launch'",
+    "KVCacheManager.complete": "(self, launch: 'Launch') -> 'None'",
+    "KVCacheManager.poll": "(self) -> 'int'",
+    "KVCacheManager.new_step_starts": "(self) -> 'None'",
+    "KVCacheManager.cache_blocks": (
+        "(self, request: 'EngineRequest', num_computed_tokens: 'int') -> 'None'"),
+    "KVCacheManager.record_prefix_cache_stats": (
+        "(self, request: 'EngineRequest', num_hits: 'int') -> 'None'"),
+    "KVCacheManager.make_prefix_cache_stats": "(self) -> 'PrefixCacheStats | None'",
+    "KVCacheManager.reset_prefix_cache": "(self) -> 'bool'",
+    "KVCacheManager.take_events": "(self) -> 'list[KVCacheEvent]'",
+    "KVCacheManager.get_blocks": "(self, request_id: 'Hashable') -> 'KVCacheBlocks'",
+    "KVCacheManager.get_block_ids": (
+        "(self, request_id: 'Hashable') -> 'tuple[list[int], ...]'"),
+    "KVCacheManager.get_num_common_prefix_blocks": (
+        "(self, running_request_id: 'Hashable') -> 'list[int]'"),
+    "KVCacheManager.get_num_free_blocks": "(self) -> 'int'",
+    "KVCacheManager.stats": "(self) -> 'dict[str, int]'",
+    "EngineRequest.__init__": (
+        "(self, request_id: 'Hashable', prompt_token_ids: 'Sequence[int]', *, "
+        "cache_salt: 'str | bytes | None' = None, extra_keys: 'Iterable[str | int | bytes]' "
+        "= (), lora_name: 'str | None' = None, lora_id: 'int | None' = None, "
+        "output_token_ids: 'Sequence[int]' = ()) -> 'None'"),
+    "EngineRequest.append_output_token_ids": (
+        "(self, token_ids: 'int | Sequence[int]') -> 'None'"),
+    "KVCacheBlocks.get_block_ids": (
+        "(self, allow_none: 'bool' = False) -> 'tuple[list[int], ...] | None'"),
+    "PrefixCacheStats.record": (
+        "(self, num_tokens: 'int', num_hits: 'int', preempted: 'bool') -> 'None'"),
+    "KVCacheBlocks.__init__": "(self, block_ids: 'tuple[int, ...]' = ()) -> None",
+    "PrefixCacheStats.__init__": (
+        "(self, reset: 'bool' = False, requests: 'int' = 0, queries: 'int' = 0, "
+        "hits: 'int' = 0, preempted_requests: 'int' = 0, preempted_queries: 'int' = 0, "
+        "preempted_hits: 'int' = 0) -> None"),
+    "CachedHashSet.__init__": "(self) -> 'None'",
+    "CachedHashSet.apply": (
+        "(self, events: 'Iterable[KVCacheEvent]') -> 'CachedHashSet'"),
+}
+EXPECTED_PROPERTIES = {
+    "KVCacheManager": {"allocator", "num_usable_blocks", "usage"},
+    "EngineRequest": {"all_token_ids", "output_token_ids", "num_tokens", "num_prompt_tokens",
+                      "num_output_tokens", "hash_keys"},
+}
+
+
+def _public_methods(cls: type) -> set[str]:
+    return {n for n, f in vars(cls).items()
+            if (not n.startswith("_") or n == "__init__") and inspect.isfunction(f)}
+
+
+@pytest.mark.parametrize("cls", [KVCacheManager, EngineRequest, KVCacheBlocks, PrefixCacheStats,
+                                 CachedHashSet])
+def test_public_interface_is_pinned(cls: type) -> None:
+    name = cls.__name__
+    pinned = {k.split(".")[1] for k in EXPECTED_SIGNATURES if k.startswith(name + ".")}
+    methods = _public_methods(cls)
+    assert methods == pinned, f"{name}: public methods changed: {sorted(methods ^ pinned)}"
+    for m in pinned:
+        got = str(inspect.signature(getattr(cls, m)))
+        assert got == EXPECTED_SIGNATURES[f"{name}.{m}"], f"{name}.{m}{got}"
+    props = {n for n, f in vars(cls).items() if isinstance(f, property)}
+    assert props == EXPECTED_PROPERTIES.get(name, set())
+
+
+def test_usage_counts_held_blocks_over_usable_and_block_0_is_null() -> None:
+    m = mgr(9)  # 8 usable
+    assert m.usage == 0.0 and m.get_num_free_blocks() == 8 and m.num_usable_blocks == 8
+    a = EngineRequest("a", range(10))  # 3 blocks
+    new, _ = admit(m, a)
+    assert 0 not in new.block_ids and len(new.block_ids) == 3
+    assert m.usage == pytest.approx(3 / 8) and m.get_num_free_blocks() == 5
+    b = EngineRequest("b", range(100, 120))  # 5 blocks: the pool is full
+    new_b, _ = admit(m, b)
+    assert m.usage == 1.0 and 0 not in new_b.block_ids
+    m.free(a)
+    assert m.usage == pytest.approx(5 / 8)
+    whole = KVCacheManager(8, B, null_block=False)
+    new, _ = admit(whole, EngineRequest("c", range(32)))
+    assert sorted(new.block_ids) == list(range(8)) and whole.usage == 1.0
+
+
+def test_failed_allocation_returns_none_and_changes_nothing() -> None:
+    m = mgr(6, enable_kv_cache_events=True)  # 5 usable
+    a = EngineRequest("a", range(12))
+    admit(m, a)
+    run_step(m, [a])
+    m.append_token(a, 7)
+    m.take_events()
+    big = EngineRequest("big", range(50, 70))  # 5 blocks, 2 free
+    before = snapshot(m, a, big)
+    assert admit(m, big)[0] is None
+    assert m.allocate_slots(a, 20) is None  # running request, 5 more blocks
+    assert snapshot(m, a, big) == before and m.take_events() == []
+    # the whole sequence must fit with full_sequence_must_fit, not just the first chunk
+    c = EngineRequest("c", range(80, 92))  # 3 blocks
+    assert admit(m, c, n=4, full_sequence_must_fit=True)[0] is None
+    assert snapshot(m, a, big) == before
+    new, _ = admit(m, c, n=4)  # the first chunk alone fits
+    assert len(new.block_ids) == 1
+
+
+def test_watermark_and_reserved_blocks_keep_blocks_back() -> None:
+    m = KVCacheManager(11, B, watermark=0.2)  # 10 usable, watermark 2 blocks
+    a = EngineRequest("a", range(4))
+    admit(m, a)
+    b = EngineRequest("b", range(100, 132))  # 8 blocks: 9 free, 8 + 2 > 9
+    assert admit(m, b, has_scheduled_reqs=True)[0] is None
+    assert admit(m, b, has_scheduled_reqs=False)[0] is not None
+    m.free(b)
+    b2 = EngineRequest("b2", range(100, 132))
+    assert admit(m, b2, reserved_blocks=2, has_scheduled_reqs=False)[0] is None
+    assert admit(m, b2, reserved_blocks=1, has_scheduled_reqs=False)[0] is not None
+
+
+def test_hits_only_after_the_writing_launch_completed() -> None:
+    m = mgr()
+    a = EngineRequest("a", range(13))  # 3 full blocks
+    admit(m, a)
+    launch = run_step(m, [a], complete=False)
+    twin = EngineRequest("twin", range(13))
+    assert m.get_computed_blocks(twin)[1] == 0  # KV not written yet: no hit
+    m.complete(launch)
+    blocks, hits, _ = m.get_computed_blocks(twin)
+    assert hits == 12 and blocks.block_ids == tuple(m.get_block_ids("a")[0][:3])
+    with pytest.raises(LaunchAlreadyCompleted):
+        m.complete(launch)
+
+
+def test_recorded_event_completes_at_the_next_call() -> None:
+    class Event:
+        done = False
+
+        def query(self) -> bool:
+            return self.done
+
+    m = mgr()
+    a = EngineRequest("a", range(9))
+    admit(m, a)
+    launch = run_step(m, [a], complete=False)
+    ev = Event()
+    launch.record(ev)
+    b = EngineRequest("b", range(9))
+    assert m.get_computed_blocks(b)[1] == 0 and m.poll() == 1
+    ev.done = True
+    assert m.get_computed_blocks(b)[1] == 8 and m.poll() == 0 and launch.completed
+
+
+def test_out_of_order_completion_commits_only_a_written_prefix() -> None:
+    m = mgr()
+    a = EngineRequest("a", range(6))
+    admit(m, a, n=3)
+    first = run_step(m, [a], complete=False)  # positions 0..2
+    m.allocate_slots(a, 3)
+    second = run_step(m, [a], complete=False)  # positions 3..5
+    m.complete(second)
+    assert m.allocator.num_computed("a") == 0  # position 0..2 are not written yet
+    assert m.get_computed_blocks(EngineRequest("x", range(6)))[1] == 0
+    m.complete(first)
+    assert m.allocator.num_computed("a") == 6
+    assert m.get_computed_blocks(EngineRequest("y", range(6)))[1] == 4
+
+
+def test_in_order_completion_while_a_later_launch_writes_the_same_block() -> None:
+    m = mgr()
+    a = EngineRequest("a", range(10))
+    admit(m, a, n=3)
+    first = run_step(m, [a], complete=False)  # positions 0..2 of block 0
+    m.allocate_slots(a, 6)
+    second = run_step(m, [a], complete=False)  # positions 3..8: block 0 again, block 1, 2
+    m.complete(first)  # block 0 still has a pending write: commit only whole blocks
+    assert m.allocator.num_computed("a") == 0
+    m.complete(second)
+    assert m.allocator.num_computed("a") == 9
+    assert m.get_computed_blocks(EngineRequest("y", range(10)))[1] == 8
+
+
+def test_a_freed_request_launch_does_not_commit_its_next_incarnation() -> None:
+    m = mgr()
+    a = EngineRequest("a", range(9))
+    admit(m, a)
+    launch = run_step(m, [a], complete=False)
+    m.preempt(a)
+    assert a.status == RequestStatus.PREEMPTED and a.num_computed_tokens == 0
+    assert a.num_preemptions == 1
+    new, hits = admit(m, a)
+    assert hits == 0 and new is not None
+    m.complete(launch)  # wrote the old incarnation's blocks, which were reclaimed
+    assert m.allocator.num_computed("a") == 0 and not m.allocator.pool.hmap
+    assert m.stats()["reclaimed_waiting"] == 0
+
+
+def test_stale_lookup_is_refused_and_missing_lookup_is_an_error() -> None:
+    m = mgr(6)  # 5 usable
+    a = EngineRequest("a", range(9))
+    admit(m, a)
+    run_step(m, [a])
+    m.free(a)  # its 2 full blocks stay cached
+    b = EngineRequest("b", range(9))
+    blocks, hits, _ = m.get_computed_blocks(b)
+    assert hits == 8
+    filler = EngineRequest("f", range(100, 120))  # takes all 5 blocks: evicts the cache
+    admit(m, filler)
+    before = snapshot(m, b, filler)
+    assert m.allocate_slots(b, 1, hits, blocks) is None  # stale: nothing changed
+    assert snapshot(m, b, filler) == before
+    m.free(filler)
+    c = EngineRequest("c", range(9))
+    admit(m, c)
+    run_step(m, [c])
+    m.free(c)
+    d = EngineRequest("d", range(9))
+    with pytest.raises(ValueError, match="get_computed_blocks"):
+        m.allocate_slots(d, 9)  # the first allocation takes the hits: pass the lookup
+
+
+def test_lookups_that_went_stale_with_room_to_spare_are_refused() -> None:
+    m = mgr(16)
+    a = EngineRequest("a", range(9))
+    admit(m, a)
+    launch = run_step(m, [a], complete=False)
+    b = EngineRequest("b", range(9))
+    blocks, hits, _ = m.get_computed_blocks(b)
+    assert hits == 0
+    launch.complete()  # completed elsewhere (another thread): a's blocks become hits
+    assert m.poll() == 0
+    before = snapshot(m, a, b)
+    assert m.allocate_slots(b, 9, hits, blocks) is None  # stale: the hit grew
+    assert snapshot(m, a, b) == before
+    blocks, hits, _ = m.get_computed_blocks(b)
+    assert hits == 8
+    m.free(a)
+    filler = EngineRequest("f", range(100, 160))  # 15 blocks: evicts a's cached blocks
+    admit(m, filler)
+    m.free(filler)
+    assert m.allocate_slots(b, 1, hits, blocks) is None  # stale: the hit is gone
+    new, hits = admit(m, b)
+    assert hits == 0 and len(new.block_ids) == 3
+
+
+def test_idle_cached_hits_count_against_reserved_blocks() -> None:
+    m = mgr(6)  # 5 usable
+    a = EngineRequest("a", range(9))
+    admit(m, a)
+    run_step(m, [a])
+    m.free(a)  # 2 idle cached blocks, 3 free
+    b = EngineRequest("b", range(17))  # hits 2, needs 3 more
+    blocks, hits, _ = m.get_computed_blocks(b)
+    assert hits == 8
+    # reviving the 2 idle hits takes them from the allocatable blocks: 2 + 3 > 5 - 1
+    assert m.allocate_slots(b, 9, hits, blocks, reserved_blocks=1) is None
+    assert m.allocate_slots(b, 9, hits, blocks) is not None
+
+
+def test_deduplicated_blocks_are_cached_once() -> None:
+    m = mgr(enable_kv_cache_events=True)
+    a, b = EngineRequest("a", range(9)), EngineRequest("b", range(9))
+    admit(m, a)
+    admit(m, b)  # same step: b cannot hit a's unwritten blocks
+    run_step(m, [a, b])
+    stored = [e for e in m.take_events() if isinstance(e, BlockStored)]
+    assert [len(e.block_hashes) for e in stored] == [2]  # b's identical blocks: not cached
+    assert len(m.allocator.pool.hmap) == 2
+    m.free(a)
+    m.free(b)
+    assert m.stats()["cached"] == 2 and m.stats()["free"] == 15 - 2
+
+
+def test_prefix_cache_stats_count_admissions_and_reset_on_each_call() -> None:
+    m = mgr()
+    a = EngineRequest("a", range(9))
+    _, hits = admit(m, a)
+    m.record_prefix_cache_stats(a, hits)
+    run_step(m, [a])
+    b = EngineRequest("b", range(10))
+    _, hits_b = admit(m, b)
+    m.record_prefix_cache_stats(b, hits_b)
+    s = m.make_prefix_cache_stats()
+    assert (s.requests, s.queries, s.hits, s.reset) == (2, 19, 8, False)
+    assert m.make_prefix_cache_stats() == PrefixCacheStats()  # reset by the call
+    m.preempt(b)
+    _, hits_b = admit(m, b)
+    m.record_prefix_cache_stats(b, hits_b)
+    s = m.make_prefix_cache_stats()
+    assert (s.requests, s.preempted_requests, s.preempted_queries, s.preempted_hits) == (
+        0, 1, 10, 8)
+    m.free(a)
+    m.free(b)
+    assert m.reset_prefix_cache()
+    assert m.make_prefix_cache_stats().reset is True
+    assert KVCacheManager(8, B, log_stats=False).make_prefix_cache_stats() is None
+    off = KVCacheManager(8, B, enable_caching=False)
+    off.record_prefix_cache_stats(a, 0)
+    assert off.make_prefix_cache_stats() == PrefixCacheStats()
+
+
+def test_reset_prefix_cache() -> None:
+    m = mgr(enable_kv_cache_events=True)
+    a = EngineRequest("a", range(9))
+    admit(m, a)
+    run_step(m, [a])
+    assert not m.reset_prefix_cache()  # a holds blocks
+    assert len(m.allocator.pool.hmap) == 2
+    reader = EngineRequest("r", range(9))
+    admit(m, reader)  # hits a's 2 blocks
+    launch = run_step(m, [reader], complete=False)  # pins them
+    m.free(a)
+    m.free(reader)
+    m.take_events()
+    assert m.reset_prefix_cache()
+    assert m.take_events() == [AllBlocksCleared()]
+    assert not m.allocator.pool.hmap
+    assert m.get_computed_blocks(EngineRequest("z", range(9)))[1] == 0
+    # the 2 formerly cached blocks and the reader's own last block wait for its launch
+    assert m.stats()["reclaimed_waiting"] == 3
+    m.complete(launch)
+    assert m.stats()["free"] == 15 and m.stats()["cached"] == 0
+    m.allocator.check_invariants()
+
+
+def test_events_replay_to_the_cached_hash_set_under_random_workloads() -> None:
+    kinds: set[type] = set()
+    for seed in range(12):
+        rng = random.Random(seed)
+        m = KVCacheManager(rng.randint(4, 12), rng.choice([1, 2, 4]),
+                           enable_kv_cache_events=True)
+        consumer = CachedHashSet()
+        prefixes = [[rng.randrange(3) for _ in range(rng.randint(1, 12))] for _ in range(3)]
+        live: list[EngineRequest] = []
+        flight: list[Any] = []
+        for i in range(150):
+            op = rng.random()
+            if op < 0.3:
+                r = EngineRequest(i, rng.choice(prefixes) + [rng.randrange(3)],
+                                  cache_salt=rng.choice([None, "s"]))
+                if admit(m, r, n=None)[0] is not None:
+                    live.append(r)
+            elif op < 0.55 and live:
+                r = rng.choice(live)
+                if m.allocator.num_reserved(r.request_id) > r.num_computed_tokens:
+                    flight.append(run_step(m, [r], complete=False))
+                else:
+                    m.append_token(r, rng.randrange(3))
+                    m.allocate_slots(r, 1)
+            elif op < 0.8 and flight:
+                m.complete(flight.pop(rng.randrange(len(flight))))
+            elif op < 0.95 and live:
+                m.free(live.pop(rng.randrange(len(live))))
+            elif not live:
+                m.reset_prefix_cache()
+            events = m.take_events()
+            kinds.update(type(e) for e in events)
+            consumer.apply(events)
+            assert consumer.hashes == set(m.allocator.pool.hmap), (seed, i)
+        m.allocator.check_invariants()
+    assert kinds == {BlockStored, BlockRemoved, AllBlocksCleared}
+
+
+def test_events_carry_tokens_parent_hash_and_keys() -> None:
+    m = mgr(6, enable_kv_cache_events=True)  # 5 usable
+    a = EngineRequest("a", range(8), cache_salt="t", extra_keys=("img",), lora_name="L",
+                      lora_id=3)
+    admit(m, a)
+    run_step(m, [a])
+    (stored,) = m.take_events()
+    assert stored.block_hashes == a.block_hashes[:2] and stored.parent_block_hash is None
+    assert stored.token_ids == list(range(8)) and stored.block_size == B
+    assert stored.lora_id == 3 and stored.lora_name == "L" and stored.medium == "GPU"
+    assert stored.extra_keys == [("t", "L", "img"), ("L", "img")]
+    assert stored.block_ids == m.get_block_ids("a")[0]
+    m.append_token(a, 8)
+    m.allocate_slots(a, 1)
+    m.append_token(a, 9)  # not full yet
+    run_step(m, [a])
+    assert m.take_events() == []
+    m.free(a)
+    b = EngineRequest("b", range(100, 120))  # needs all 5 blocks: evicts a's 2
+    admit(m, b)
+    removed = m.take_events()
+    assert removed == [BlockRemoved([a.block_hashes[1]]), BlockRemoved([a.block_hashes[0]])]
+    assert KVCacheManager(4, B).take_events() == []
+
+
+def test_salt_and_extra_keys_separate_the_cache() -> None:
+    m = mgr()
+    a = EngineRequest("a", range(9), cache_salt="x", extra_keys=(1,))
+    admit(m, a)
+    run_step(m, [a])
+    for other, want in ((EngineRequest("b", range(9), cache_salt="x", extra_keys=(1,)), 8),
+                        (EngineRequest("c", range(9), cache_salt="y", extra_keys=(1,)), 0),
+                        (EngineRequest("d", range(9), extra_keys=(1,)), 0),
+                        (EngineRequest("e", range(9), cache_salt="x"), 0),
+                        (EngineRequest("f", range(9), cache_salt="x", extra_keys=(1,),
+                                       lora_name="L"), 0)):
+        assert m.get_computed_blocks(other)[1] == want, other.request_id
+    assert m.allocator.pool.hmap.get(a.block_hashes[0]) == m.get_block_ids("a")[0][0]
+
+
+def test_hits_stop_before_the_last_token_and_lookups_are_for_admission() -> None:
+    m = mgr()
+    a = EngineRequest("a", range(8))
+    admit(m, a)
+    run_step(m, [a])
+    same = EngineRequest("s", range(8))
+    assert m.get_computed_blocks(same)[1] == 4  # the last block is recomputed
+    with pytest.raises(ValueError, match="admission"):
+        m.get_computed_blocks(a)
+    with pytest.raises(ValueError, match="max_cache_hit_length"):
+        m.get_computed_blocks(same, max_cache_hit_length=3)
+    assert m.get_computed_blocks(same, max_cache_hit_length=7)[1] == 4
+    off = KVCacheManager(16, B, enable_caching=False)
+    x = EngineRequest("x", range(8))
+    admit(off, x)
+    run_step(off, [x])
+    assert off.get_computed_blocks(EngineRequest("y", range(8))) == (KVCacheBlocks(), 0, 0)
+
+
+def test_block_ids_and_common_prefix_and_argument_errors() -> None:
+    m = mgr()
+    a = EngineRequest("a", range(9))
+    new, _ = admit(m, a)
+    assert m.get_block_ids("a") == (list(new.block_ids),)
+    assert m.get_blocks("a").block_ids == new.block_ids
+    assert m.get_block_ids("nobody") == ([],) and m.get_blocks("nobody") == KVCacheBlocks()
+    assert m.get_num_common_prefix_blocks("a") == [0]
+    assert new.get_block_ids() == (list(new.block_ids),)
+    assert KVCacheBlocks().get_block_ids(allow_none=True) is None
+    assert (KVCacheBlocks((1,)) + KVCacheBlocks((2,))).block_ids == (1, 2)
+    for kw in ({"num_lookahead_tokens": 1}, {"num_external_computed_tokens": 1},
+               {"num_encoder_tokens": 1}):
+        with pytest.raises(ValueError, match="not supported"):
+            m.allocate_slots(a, 1, **kw)
+    with pytest.raises(ValueError, match="greater than 0"):
+        m.allocate_slots(a, 0)
+    with pytest.raises(ValueError, match="no new prefix hits"):
+        m.allocate_slots(a, 1, 4, KVCacheBlocks((3,)))
+    with pytest.raises(ValueError, match="blocks x"):
+        m.allocate_slots(EngineRequest("q", range(5)), 1, 4)
+    with pytest.raises(ValueError, match="another request"):
+        m.free(EngineRequest("a", range(9)))
+    with pytest.raises(ValueError, match="holds no blocks"):
+        m.publish([EngineRequest("p", range(3))])
+    with pytest.raises(TypeError):
+        m.allocate_slots(a, 1.5)  # type: ignore[arg-type]
+    m.free(EngineRequest("never", range(3)))  # a request without blocks: ignored
+    with pytest.raises(ValueError, match="null block"):
+        KVCacheManager(1, B)
+
+
+def test_running_allocation_grows_the_table_and_appended_tokens_reach_the_allocator() -> None:
+    m = mgr()
+    a = EngineRequest("a", range(7))
+    new, _ = admit(m, a)
+    assert len(new.block_ids) == 2
+    run_step(m, [a])
+    m.append_token(a, 7)
+    assert m.allocate_slots(a, 1) == KVCacheBlocks()  # position 7 fits in block 1
+    run_step(m, [a])
+    a.append_output_token_ids([8])  # appended directly: synced at the next call
+    new = m.allocate_slots(a, 1)
+    assert len(new.block_ids) == 1
+    run_step(m, [a])
+    assert m.allocator.num_computed("a") == 9 and len(a.block_hashes) == 2
+    assert m.get_computed_blocks(EngineRequest("b", [*range(8), 99]))[1] == 8
+    m.cache_blocks(a, 9)
+    m.new_step_starts()
+    assert a.output_token_ids == [7, 8] and a.num_tokens == 9 and a.num_prompt_tokens == 7
+
+
+def test_driver_runs_the_scheduler_calls() -> None:
+    d = pk_driver.make(10, B)
+    assert d.add("a", list(range(9))) == 0
+    assert len(d.allocate("a", 9)) == 3 and d.status("a") == "RUNNING"
+    d.commit("a", 9)
+    d.append("a", 5)
+    assert d.num_tokens("a") == 10 and d.num_computed("a") == 9
+    assert d.add("b", list(range(9)), "salt") == 0 and d.add("c", list(range(9))) == 8
+    assert d.allocate("c", 1) == [d.block_ids("c")[2]]
+    d.preempt("a")
+    assert d.status("a") == "PREEMPTED" and d.add("a") == 8
+    d.free("a")
+    d.free("c")
+    assert d.num_free() == 9 and d.num_evictable() == 2 and d.usage() == 0.0
+    assert d.prefix_stats()["hits"] == 8
