@@ -28,3 +28,24 @@ __all__ = [
     "PublishError", "StaleTableError", "TokensUnknown", "UnknownRequest", "block_hash",
     "blocks_needed", "chain_hashes", "resolve", "slot_mapping",
 ]
+
+
+def _package_version() -> str:
+    """The installed distribution's version; in a source tree that is not installed, the
+    version in its pyproject.toml."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pagedkv")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        try:
+            pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "0+unknown"
+
+
+__version__: str = _package_version()

@@ -330,6 +330,11 @@ class BlockAllocator:
                 f"cannot commit {num_tokens} positions of {rid!r}: launches were issued for "
                 f"{req.issued} (allocated {req.reserved})"
             )
+        if num_tokens > len(req.tokens):
+            raise TokensUnknown(
+                f"cannot commit {num_tokens} positions of {rid!r}: only {len(req.tokens)} "
+                f"token ids are known (append_tokens first)"
+            )
         pool = self.pool
         for i in range(req.computed // B, blocks_needed(num_tokens, B)):
             b = req.table[i]
@@ -340,7 +345,7 @@ class BlockAllocator:
                 raise CommitError(
                     f"block {b} (entry {i} of {rid!r}) has a writing launch still pending"
                 )
-        full = num_tokens // B  # publish saw every written token, so their hashes exist
+        full = num_tokens // B  # every committed token is known, so its block hash exists
         req.computed = num_tokens
         if not self.prefix_caching:
             return
@@ -351,6 +356,56 @@ class BlockAllocator:
         req.committed_blocks = max(req.committed_blocks, full)
 
     @_locked
+    def truncate(self, rid: Hashable, num_tokens: int) -> list[int]:
+        """Drop rid's positions from ``num_tokens`` on: rejected speculative (lookahead)
+        tokens. Their token ids are forgotten, table entries past the new end are released
+        (spec: release, tail first; a block a launch may still read waits for it), and a kept
+        partial block forgets the dropped slots (spec: rewind) so they can be written again.
+
+        Committed positions stay (``CommitError`` below ``num_computed``). A kept partial
+        block must be this request's alone and its writes complete, so that its dropped
+        slots can be rewound (``CommitError`` saying which condition failed otherwise);
+        released blocks may still be in flight. All or nothing; returns the table."""
+        req = self._req(rid)
+        num_tokens = check_count(num_tokens, "num_tokens")
+        B, pool = self.block_size, self.pool
+        if num_tokens > req.reserved:
+            raise InvalidArgument(
+                f"{rid!r} covers {req.reserved} positions; cannot truncate to {num_tokens}"
+            )
+        if num_tokens < req.computed:
+            raise CommitError(
+                f"{rid!r} committed {req.computed} positions; cannot truncate to {num_tokens}"
+            )
+        keep = blocks_needed(num_tokens, B)
+        tail = req.table[keep - 1] if num_tokens % B and num_tokens < req.issued else None
+        if tail is not None:
+            k = num_tokens - (keep - 1) * B
+            if pool.filled[tail] > k:
+                why = failed_conditions(TRANSITIONS["rewind"].guard, pool.view, b=tail, r=rid,
+                                        k=k)
+                if why:
+                    raise CommitError(
+                        f"cannot truncate {rid!r} to {num_tokens}: block {tail} "
+                        + "; ".join(why)
+                    )
+            else:
+                tail = None
+        for b in reversed(req.table[keep:]):
+            pool.release(b, rid)
+        if tail is not None:
+            pool.rewind(tail, rid, num_tokens - (keep - 1) * B)
+        self._entries_total -= len(req.table) - keep
+        self._reserved_total -= req.reserved - num_tokens
+        del req.table[keep:]
+        del req.tokens[num_tokens:]
+        del req.hashes[num_tokens // B:]
+        req.committed_blocks = min(req.committed_blocks, num_tokens // B)
+        req.reserved = num_tokens
+        req.issued = min(req.issued, num_tokens)
+        return list(req.table)
+
+    @_locked
     def fork(self, parent: Hashable, child: Hashable) -> list[int]:
         """The child shares the parent's blocks (spec: open_holder, share each; blocks the
         parent has not published yet are unwritten, so the child takes fresh ones: allocate).
@@ -359,6 +414,11 @@ class BlockAllocator:
         reported in ``Launch.copies``). All or nothing."""
         p = self._req(parent)
         self._check_new_rid(child)
+        if p.issued > len(p.tokens):
+            raise TokensUnknown(
+                f"fork of {parent!r}: its KV covers {p.issued} positions but only "
+                f"{len(p.tokens)} token ids are known (append_tokens first)"
+            )
         share = TRANSITIONS["share"]
         pool = self.pool
         # Blocks never handed to a kernel hold no KV yet: the child gets fresh ones instead.
@@ -441,8 +501,10 @@ class BlockAllocator:
         block in one launch, each copies while another holder remains; the last one writes in
         place.
 
-        Every position written must have a known token id (``TokensUnknown`` otherwise), so
-        that a fork or a prefix commit of that KV knows which tokens it holds."""
+        Positions whose token ids are not known yet may be written (async scheduling: the
+        previous step samples them on the device); ``commit`` and ``fork`` then wait for
+        ``append_tokens`` (``TokensUnknown``), so that no KV is hashed, cached or shared
+        under tokens nobody has seen."""
         rids = self._check_rids(rids)
         reqs = [self._req(r) for r in rids]
         B, pool = self.block_size, self.pool
@@ -450,12 +512,6 @@ class BlockAllocator:
         for req in reqs:
             if req.reserved == 0:
                 raise InvalidArgument(f"request {req.rid!r} has no allocated positions")
-            if req.reserved > len(req.tokens):
-                # KV is written for a token; a fork or a prefix commit must know which one.
-                raise TokensUnknown(
-                    f"{req.rid!r} would write positions up to {req.reserved} but only "
-                    f"{len(req.tokens)} token ids are known: append_tokens first"
-                )
             if req.issued < req.reserved and req.issued % B:
                 b = req.table[req.issued // B]
                 if pool.ref[b] > 1:

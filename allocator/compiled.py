@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.spec import CONCRETE, NO_BLOCK, NO_HASH, Overlay, PoolState
+from pagedkv.spec import CONCRETE, NO_BLOCK, NO_HASH, PARAM_KINDS, Overlay, PoolState
 
 if TYPE_CHECKING:
     from .pool import BlockPool
@@ -368,10 +368,12 @@ def _probe_pools() -> list[BlockPool]:
     return [scrambled_pool(seed, negative=seed == 3) for seed in range(4)]
 
 
-_PROBE_VALUES = {
-    "b": range(6), "r": ("a", "b", "zz"), "w": (0, 1, 4, 5), "writes": (False, True),
-    "h": (NO_HASH, 11, 13),
+_PROBE_BY_KIND = {
+    "block": range(6), "holder": ("a", "b", "zz"), "slots": (0, 1, 4, 5),
+    "bool": (False, True), "hash": (NO_HASH, 11, 13),
 }
+# Probe values per parameter name, from the kinds the spec declares.
+_PROBE_VALUES = {name: _PROBE_BY_KIND[kind] for name, kind in PARAM_KINDS.items()}
 
 
 def predicate_agrees(fn: Any, params: tuple[str, ...], code: Any) -> bool:

@@ -22,10 +22,6 @@ class DuplicateRequest(AllocatorError):
     """The request id is already registered."""
 
 
-class TokensUnknown(InvalidArgument):
-    """A launch would write KV for positions whose token ids were never given."""
-
-
 class OutOfBlocks(AllocatorError):
     """Not enough free or evictable blocks; nothing was changed.
 
@@ -79,6 +75,11 @@ class PublishError(GuardViolation):
 
 class CommitError(AllocatorError):
     """Committing past what was allocated, or before the writing launch completed."""
+
+
+class TokensUnknown(InvalidArgument, CommitError):
+    """A commit or fork would hash, cache or share KV of positions whose token ids were never
+    given (``append_tokens`` first)."""
 
 
 class StaleTableError(AllocatorError):

@@ -474,6 +474,16 @@ class BlockPool:
         self._verify("end_access", predicted, b, writes)
         self._recycle_if_safe(b)
 
+    def rewind(self, b: int, r: Hashable, k: int) -> None:
+        """spec: rewind — r keeps only the first k written slots of its PUBLISHED block b."""
+        if type(b) is not int or not 0 <= b < self.num_blocks:
+            b = self.check_block_id(b)
+        if type(k) is not int or not 0 <= k <= self.block_size:
+            k = check_count(k, "k (slots kept)", self.block_size)
+        predicted = self._enter("rewind", b, r, k)
+        self.filled[b] = k
+        self._verify("rewind", predicted, b, r, k)
+
     def commit(self, b: int, r: Hashable, h: int) -> None:
         """spec: commit — PUBLISHED -> REFERENCED under prefix hash h."""
         if type(b) is not int or not 0 <= b < self.num_blocks:

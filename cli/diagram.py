@@ -88,6 +88,7 @@ def derive(blocks: int = 1, holders: int = 2, block_size: int = 1,
         ALL_STATES,
         CONCRETE,
         NO_HASH,
+        PARAM_KINDS,
         TRANSITIONS,
         initial_state,
         state_name,
@@ -95,8 +96,9 @@ def derive(blocks: int = 1, holders: int = 2, block_size: int = 1,
 
     block_ids, holder_ids = tuple(range(blocks)), tuple(range(holders))
     all_hashes = (NO_HASH, *hashes)
-    domains = {"b": block_ids, "r": holder_ids, "h": all_hashes,
-               "w": tuple(range(block_size + 1)), "writes": (False, True)}
+    by_kind = {"block": block_ids, "holder": holder_ids, "hash": all_hashes,
+               "slots": tuple(range(block_size + 1)), "bool": (False, True)}
+    domains = {name: by_kind[kind] for name, kind in PARAM_KINDS.items()}
     moves = []
     for name, t in TRANSITIONS.items():
         unknown = [p for p in t.params if p not in domains]

@@ -1,10 +1,11 @@
 """``pagedkv``: verify the allocator, plan capacity and block size, run the cache lab, draw the
-block lifecycle.
+block lifecycle, simulate serving.
 
     pagedkv verify [--quick]            proofs, checks and the invariant report
     pagedkv plan --free-gb 40 --kv-bytes-per-token 250KB --max-len 8192 --mean-len 500 ...
     pagedkv lab --capacity 4 --stride 5 --time 10 [--step]
     pagedkv diagram [--format mermaid|dot] [--render lifecycle.svg]
+    pagedkv simulate --preset mixed --requests 200 [--kv] [--json out.json] [--plot out.png]
     pagedkv --version
 
 Bad arguments exit with status 2 and a message saying what is wrong.
@@ -52,9 +53,27 @@ def _size(what: str):
     return parse
 
 
-def _progress(total: int | None, desc: str, quiet: bool, unit: str = "it"):
-    from tqdm import tqdm
+class _NoProgress:
+    """Stands in for a tqdm bar when tqdm (the [verify] extra) is not installed."""
 
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _progress(total: int | None, desc: str, quiet: bool, unit: str = "it"):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoProgress()
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet,
                 mininterval=0.5, leave=False)
 
@@ -189,6 +208,50 @@ def cmd_diagram(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- simulate ------------------------------------------------------------------------------
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from . import simulate as sim
+    from . import workloads
+
+    if args.trace is not None and args.preset is not None:
+        raise CliError("give --preset or --trace, not both")
+    if args.trace is not None and (args.rate is not None or args.length_scale != 1.0):
+        raise CliError("--rate and --length-scale shape the presets, not a --trace")
+    if args.requests is not None and args.requests < 1:
+        raise CliError(f"--requests must be >= 1, got {args.requests}")
+    shape = sim.ModelShape(args.layers, args.kv_heads, args.heads, args.head_dim, args.dtype)
+    cfg = sim.SimConfig(num_blocks=args.num_blocks, block_size=args.block_size,
+                        token_budget=args.token_budget, max_running=args.max_running,
+                        prefix_caching=not args.no_prefix_caching, checked=not args.unchecked,
+                        kv=args.kv, shape=shape,
+                        kv_backend=args.kv_backend, kv_tolerance=args.kv_tolerance,
+                        contiguous_max_len=args.contiguous_max_len)
+    cfg.check()
+    if args.trace is not None:
+        wl = workloads.read_trace(args.trace, seed=args.seed, limit=args.requests)
+    else:
+        max_len = min(args.max_model_len, (args.num_blocks - 1) * args.block_size)
+        wl = workloads.preset_workload(args.preset or "mixed", args.requests or 200,
+                                       seed=args.seed,
+                                       rate=args.rate, length_scale=args.length_scale,
+                                       max_len=max_len)
+    if args.plot is not None:  # fail before the run, not after it
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise CliError("--plot needs matplotlib, which is not installed (pip install "
+                           "matplotlib, or pip install 'pagedkv[plot]')")
+    with _progress(len(wl.requests), "simulate", args.quiet, "req") as bar:
+        result = sim.simulate(wl, cfg, progress=bar.update)
+    print(sim.render(result.report))
+    _write_json(args.json, {**result.report, "series": result.series})
+    if args.plot is not None:
+        sim.plot(result.series, result.report, args.plot)
+        if not args.quiet:
+            print(f"plotted {args.plot}", file=sys.stderr)
+    return 0 if result.passed else 1
+
+
 # ---- the parser ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -271,6 +334,72 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--render", type=Path, metavar="FILE.svg|FILE.png",
                    help="also render with Graphviz `dot` (must be installed)")
     d.set_defaults(run=cmd_diagram)
+
+    from .simulate import KV_BACKENDS, KV_DTYPES
+    from .workloads import PRESETS
+
+    sm = sub.add_parser(
+        "simulate", parents=[quiet, as_json],
+        help="replay a serving workload through the engine front door (optionally checking "
+             "every attention output against dense attention: --kv)",
+        description="A continuous-batching scheduler (FCFS, token budget, chunked prefill, "
+        "preemption by recompute) drives pagedkv.engine.KVCacheManager with the checked "
+        "allocator over a preset workload or a JSONL trace; reports allocator throughput, "
+        "concurrency, occupancy, tail waste, prefix hits, preemptions, admission headroom "
+        "and paged vs contiguous capacity. Exit status 1 if the --kv check fails.")
+    w = sm.add_argument_group("workload")
+    w.add_argument("--preset", choices=PRESETS, default=None,
+                   help="a built-in workload (default mixed)")
+    w.add_argument("--trace", type=Path, metavar="FILE.jsonl",
+                   help='one record a line: {"arrival": steps, "prompt_tokens": [...] | '
+                        '"prompt_len": N, "output_len": N, "salt": str|null, "id": ...}')
+    w.add_argument("--requests", type=int, default=None, metavar="N",
+                   help="requests to replay, every turn counts (preset: default 200; "
+                        "--trace: the first N records, default all)")
+    w.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    w.add_argument("--rate", type=float, default=None, metavar="R",
+                   help="preset: new conversations per step after the first 16 (default "
+                        "per preset)")
+    w.add_argument("--length-scale", type=float, default=1.0, metavar="F",
+                   help="preset: multiply every length by F (default 1)")
+    w.add_argument("--max-model-len", type=int, default=8192, metavar="TOKENS",
+                   help="preset: prompt + output cap per request (default 8192, and at most "
+                        "the pool)")
+    e = sm.add_argument_group("engine")
+    e.add_argument("--num-blocks", type=int, default=2048, metavar="N",
+                   help="blocks in the pool, the null block included (default 2048)")
+    e.add_argument("--block-size", type=int, default=16, metavar="B",
+                   help="tokens per block (default 16)")
+    e.add_argument("--token-budget", type=int, default=2048, metavar="T",
+                   help="tokens scheduled per step (default 2048)")
+    e.add_argument("--max-running", type=int, default=64, metavar="N",
+                   help="running requests at most (default 64)")
+    e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    e.add_argument("--unchecked", action="store_true",
+                   help="the allocator without checked mode (to time what checking costs; "
+                        "the default is checked=True)")
+    k = sm.add_argument_group("KV check and model shape")
+    k.add_argument("--kv", action="store_true",
+                   help="write and read real KV through a KVCachePool and check every "
+                        "attention output against dense attention")
+    k.add_argument("--kv-backend", choices=KV_BACKENDS, default="auto",
+                   help="auto: numba kernels on a GPU, else the torch reference on CPU")
+    k.add_argument("--kv-tolerance", type=float, default=None, metavar="REL",
+                   help="max relative error (default: 2e-5 fp32, 2e-3 fp16, 1.6e-2 bf16)")
+    k.add_argument("--layers", type=int, default=2, help="model shape: layers (default 2)")
+    k.add_argument("--kv-heads", type=int, default=2, help="model shape: KV heads (default 2)")
+    k.add_argument("--heads", type=int, default=4, help="model shape: query heads (default 4)")
+    k.add_argument("--head-dim", type=int, default=16,
+                   help="model shape: head dimension (default 16)")
+    k.add_argument("--dtype", choices=sorted(set(KV_DTYPES) | {"fp8"}), default="fp32",
+                   help=f"model shape: KV dtype (default fp32; --kv takes {', '.join(KV_DTYPES)})")
+    o = sm.add_argument_group("output")
+    o.add_argument("--contiguous-max-len", type=int, default=None, metavar="TOKENS",
+                   help="the contiguous reservation per request (default: the longest request)")
+    o.add_argument("--plot", type=Path, metavar="OUT.png",
+                   help="draw occupancy, evictable cached, headroom and running requests over "
+                        "time (needs matplotlib)")
+    sm.set_defaults(run=cmd_simulate)
     return parser
 
 

@@ -251,6 +251,20 @@ def end_access_keeps_block_invariants(
     return _keeps("end_access", s, b=0, writes=writes)
 
 
+def rewind_keeps_block_invariants(
+    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, r: int,
+    k: int,
+) -> bool:
+    """
+    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: -1 <= k <= 3
+    post: __return__
+    """
+    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    return _keeps("rewind", s, b=0, r=r, k=k)
+
+
 def commit_keeps_block_invariants(
     st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
     a1: bool, bs: int, m1: int, m2: int, r: int,

@@ -225,7 +225,7 @@ def param_values(t: Transition, cfg: ExploreConfig) -> list[dict[str, Any]]:
             doms.append((NO_HASH,) + tuple(cfg.hashes))
         elif kind == "bool":
             doms.append((False, True))
-        elif p == "w":
+        elif kind == "slots":
             doms.append(range(0, cfg.block_size + 1))
         else:
             raise ValueError(f"explorer: no domain for parameter {p!r} of {t.name}")

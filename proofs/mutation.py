@@ -118,9 +118,25 @@ _STRICT = ("every caller passes exactly t.params positionally (a wrong arity is 
            "at the method call), so zip never sees unequal lengths")
 _PREV_INIT = ("only _prev[0..n] is ever read; the mutant appends unread entries after the "
               "sentinel's slot, which still holds n - 1")
-_COMMITTED = ("committed_blocks only (a) starts commit's registration loop, whose earlier "
-              "entries are REFERENCED (skipped), and (b) guards a conjunct implied by the next "
-              "one: committed_blocks <= len(hashes) always")
+_COMMITTED = ("committed_blocks only starts commit's registration loop (truncate only lowers "
+              "it, a fork copies it): left at 0, that loop also visits the prefix hits, which "
+              "this request shares, so they stay REFERENCED and are skipped")
+_FAST_COUNT = ("fast-path check: a value this lets through goes to check_count, which repeats "
+               "the full check against the same bounds (bounds included) and returns the same "
+               "int; only the fast path is skipped")
+_FAST_PARENT = ("fast-path check: a parent this lets through goes to _check_parent, which "
+                "repeats the full check (0 <= p < 2**256) and returns the same int")
+_FAST_TYPES = ("fast-path type test: a sequence this sends to the slow path holds only plain "
+               "types, which the slow path returns unchanged (equal values, same order)")
+_RANGE_RECHECK = ("the mutant also calls encode_tokens for tokens at (or inside) the int64 "
+                  "bounds; it raises only for a token outside them, which the original sends "
+                  "to it too, and its result is discarded")
+_WRITERS_REF1 = ("writers is read only by copies_needed: a block with ref 1 adds "
+                 "min(k, ref - 1) = 0 to it, so counting its writers changes nothing")
+_ALIGNED = ("when issued is a multiple of B the entry at issued // B has never been published "
+            "(publish issues up to reserved; hits and forks share only full or published "
+            "blocks, and a fork gives the child fresh blocks for ALLOCATED ones), so its ref is "
+            "1 and no copy is made either way")
 EQUIVALENT: dict[str, str] = {
     **{f"allocator/pool.py:{fn}:{op}:if type(b) is not int or not 0 <= b < self.num_blocks: "
        f"-> if type(b) is not int or not {new} < self.num_blocks:": _FAST_RANGE
@@ -169,20 +185,8 @@ EQUIVALENT: dict[str, str] = {
     "is the spec's NO_HASH -> return int.from_bytes(digest, \"big\") or 0  # 0 is the spec's "
     "NO_HASH":
         "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
-    "allocator/allocator.py:allocate:cmp:if need > available: -> if need >= available:":
-        "when need == available the mutant also calls reclaim() (which only completes "
-        "launches whose recorded events have fired, allowed at any time) and then re-checks "
-        "with the unmutated test: same allocation, same refusal",
     "allocator/allocator.py:allocate:delete-stmt:req.committed_blocks = len(hits) -> pass":
         _COMMITTED,
-    "allocator/allocator.py:commit:delete-stmt:req.committed_blocks = max(req.committed_blocks,"
-    " full) -> pass": _COMMITTED,
-    "allocator/allocator.py:commit:drop-and-clause:if self.prefix_caching and full > "
-    "req.committed_blocks and full > len(req.hashes): -> if self.prefix_caching and True and "
-    "full > len(req.hashes):": _COMMITTED,
-    "allocator/allocator.py:commit:cmp:if self.prefix_caching and full > req.committed_blocks "
-    "and full > len(req.hashes): -> if self.prefix_caching and full >= req.committed_blocks and "
-    "full > len(req.hashes):": _COMMITTED,
     "allocator/allocator.py:commit:drop-and-clause:if pool.state[b] == PUBLISHED and "
     "pool.lookup(h) is None: -> if True and pool.lookup(h) is None:":
         "a table entry in [committed_blocks, full) is PUBLISHED or REFERENCED under its own "
@@ -193,14 +197,57 @@ EQUIVALENT: dict[str, str] = {
                     ("for b, f in zip(p.table, fresh, ", ":"),
                     ("b for b, f in zip(p.table, fresh, ", ""))},
     "allocator/allocator.py:publish:drop-and-clause:if req.issued < req.reserved and "
-    "req.issued % B: -> if req.issued < req.reserved and True:":
-        "when issued is a multiple of B the entry at issued // B has never been published "
-        "(publish issues up to reserved; hits and forks share only full or published "
-        "blocks), so its ref is 1 and no copy is made either way",
-    "allocator/allocator.py:publish:cmp:if len(cow) > pool.usable(): -> "
-    "if len(cow) >= pool.usable():":
-        "when len(cow) == usable the mutant also calls reclaim() (completing only launches "
-        "whose events fired) and re-checks with the unmutated test: same outcome",
+    "req.issued % B: -> if req.issued < req.reserved and True:": _ALIGNED,
+    "allocator/allocator.py:publish:drop-and-clause:if req.issued < req.reserved and "
+    "req.issued % B and pool.ref[req.table[i]] > 1: -> if req.issued < req.reserved and True "
+    "and pool.ref[req.table[i]] > 1:": _ALIGNED,
+    **{f"allocator/allocator.py:publish:{op}:if pool.ref[b] > 1: -> if pool.ref[b] {new}:":
+       _WRITERS_REF1 for op, new in (("cmp", ">= 1"), ("int-1", "> 0"))},
+    "allocator/allocator.py:publish:drop-copy:tables.append(list(req.table)) -> "
+    "tables.append(req.table)":
+        "tables is local: each entry is copied into the int32 block_tables array (and its "
+        "width read) before any table changes, and nothing keeps the list",
+    "allocator/allocator.py:_reclaim_launches:bool:self._complete(launch, False) -> "
+    "self._complete(launch, True)":
+        "strict only matters for a launch already completed; every launch passed is taken from "
+        "_inflight (a completion pops it) under the lock just before, and an event whose "
+        "query() completes a launch makes that scan of _inflight raise first (RuntimeError: "
+        "dict changed size) in the original too",
+    "allocator/allocator.py:_check_tokens:cmp:if not set(map(type, tokens)) <= {int}:  # fast "
+    "path: plain ints need no conversion -> if not set(map(type, tokens)) < {int}:  # fast "
+    "path: plain ints need no conversion": _FAST_TYPES,
+    "allocator/allocator.py:_check_tokens:drop-and-clause:if tokens and (min(tokens) < "
+    "_I64_MIN or max(tokens) > _I64_MAX): -> if tokens and (True):": _RANGE_RECHECK,
+    **{f"allocator/allocator.py:_check_tokens:cmp:if tokens and (min(tokens) < _I64_MIN or "
+       f"max(tokens) > _I64_MAX): -> if tokens and ({new}):": _RANGE_RECHECK
+       for new in ("min(tokens) <= _I64_MIN or max(tokens) > _I64_MAX",
+                   "min(tokens) < _I64_MIN or max(tokens) >= _I64_MAX")},
+    **{f"allocator/pool.py:begin_access:{op}:if type(w) is not int or not 0 <= w <= "
+       f"self.block_size: -> if type(w) is not int or not {new} self.block_size:": _FAST_COUNT
+       for op, new in (("int+1", "1 <= w <="), ("cmp", "0 < w <="), ("cmp", "0 <= w <"))},
+    **{f"allocator/pool.py:commit:{op}:if type(h) is not int or not 0 <= h <= MAX_HASH: -> "
+       f"if type(h) is not int or not {new} MAX_HASH:": _FAST_COUNT
+       for op, new in (("int+1", "1 <= h <="), ("cmp", "0 < h <="), ("cmp", "0 <= h <"))},
+    **{f"allocator/hashing.py:block_hash:{op}:if type(parent) is not int or not 0 <= parent "
+       f"< _PARENT_LIMIT: -> if type(parent) is not int or not {new} parent < _PARENT_LIMIT:":
+       _FAST_PARENT for op, new in (("int+1", "1 <="), ("cmp", "0 <"))},
+    "allocator/hashing.py:_token_list:cmp:out = items if set(map(type, items)) <= _INT_ONLY "
+    "else [_as_int(\"token id\", t) for t in items] -> out = items if set(map(type, items)) < "
+    "_INT_ONLY else [_as_int(\"token id\", t) for t in items]":
+        "fast-path type test: a list of plain ints this sends to _as_int comes back unchanged "
+        "(_as_int returns a plain int as is)",
+    "allocator/hashing.py:normalize_extra_keys:drop-and-clause:if type(k) is str and not "
+    "k.isascii(): -> if type(k) is str and True:":
+        "the mutant also encodes ASCII keys, which utf-8 always encodes; the isascii test only "
+        "skips that check (the result is discarded)",
+    "allocator/hashing.py:_keys:cmp:not extra_keys or set(map(type, extra_keys)) <= "
+    "_PLAIN_KEY_TYPES -> not extra_keys or set(map(type, extra_keys)) < _PLAIN_KEY_TYPES":
+        "a tuple of keys of all three plain types then skips the hot path, and the tests "
+        "below return that same tuple (it is a tuple, and its types are plain)",
+    "allocator/hashing.py:_keys:cmp:if not keys or set(map(type, keys)) <= _PLAIN_KEY_TYPES: "
+    "-> if not keys or set(map(type, keys)) < _PLAIN_KEY_TYPES:":
+        "keys of all three plain types then go through _canonical_key, which returns a plain "
+        "key as is: an equal tuple",
     "allocator/allocator.py:publish:drop-and-clause:if b in copied and w: -> "
     "if b in copied and True:":
         "a copy is made only for the entry at issued // B with issued < reserved, which this "
@@ -208,9 +255,6 @@ EQUIVALENT: dict[str, str] = {
     "allocator/allocator.py:publish:bool:for k, (t, g) in enumerate(zip(tables, gens, "
     "strict=True)): -> for k, (t, g) in enumerate(zip(tables, gens, strict=False)):":
         "tables and gens get one entry each per request in the same loop iteration",
-    "allocator/allocator.py:fork:delete-stmt:hash(child) -> pass":
-        "`child in self._requests` just above already hashes the child (an unhashable one "
-        "raises TypeError there: reported as a bug, it should be InvalidArgument)",
     "allocator/allocator.py:publish:delete-stmt:pool.publish(dst, req.rid) -> pass":
         "the copy's block stays ALLOCATED in the table, and the loop below publishes every "
         "ALLOCATED entry before begin_access: same transitions, same post-state",
@@ -513,7 +557,7 @@ def install(root: Path, overrides: dict[str, bytes] | None = None) -> None:
 # --- the kill suite ------------------------------------------------------------------------------
 FAST_TESTS = ("tests/test_allocator_api.py", "tests/test_spec_lint.py",
               "tests/test_hostile_allocator.py", "tests/test_request_layer.py",
-              "tests/test_explain.py")
+              "tests/test_explain.py", "tests/test_hostile_hashing.py")
 STATEFUL_TESTS = ("tests/test_stateful.py",)
 BUG_TESTS = (
     "tests/test_proofs.py::test_weakened_guard_gives_counterexample_and_trace",

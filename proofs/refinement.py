@@ -28,7 +28,6 @@ from pagedkv.allocator import (
     OutOfBlocks,
     PendingAccess,
     PublishError,
-    TokensUnknown,
     UnknownRequest,
 )
 from pagedkv.allocator.hashing import chain_hashes
@@ -244,6 +243,31 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.expect[rid].tokens += extra
         self._replay()
 
+    @precondition(lambda self: self.alloc is not None and any(
+        e.reserved > max(e.computed, 1) for e in self.expect.values()))
+    @rule(data=st.data())
+    def truncate(self, data):
+        """Speculative decoding: drop rejected lookahead positions (spec: release, rewind)."""
+        rid = data.draw(st.sampled_from(sorted(
+            r for r, e in self.expect.items() if e.reserved > max(e.computed, 1))))
+        e = self.expect[rid]
+        n = data.draw(st.integers(max(e.computed, 1), e.reserved))
+        table = self.alloc.block_table(rid)
+        keep = blocks_needed(n, self.B)
+        k = n - (keep - 1) * self.B
+        tail = table[keep - 1] if n % self.B and n < e.issued else None
+        if tail is not None and self.model.filled[tail] > k and step(
+                self.model, "rewind", b=tail, r=rid, k=k) is None:
+            self._refused(lambda: self.alloc.truncate(rid, n), CommitError)
+            _event("truncate: refused (kept block shared or being written)")
+            return
+        out = self.alloc.truncate(rid, n)
+        self._replay()
+        assert out == table[:keep]
+        e.reserved, e.issued, e.table_len = n, min(e.issued, n), keep
+        del e.tokens[n:]
+        _event("truncate: ok" + (" (rewound a kept block)" if tail is not None else ""))
+
     def publish_nothing_allocated(self, data):
         empty = sorted(r for r, e in self.expect.items() if e.reserved == 0)
         if empty:
@@ -256,10 +280,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def publish(self, data):
         ready = sorted(r for r, e in self.expect.items() if e.reserved > 0)
         rids = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True))
-        if any(self.expect[r].reserved > len(self.expect[r].tokens) for r in rids):
-            self._refused(lambda: self.alloc.publish(rids), TokensUnknown)
-            _event("publish: refused (token ids unknown)")
-            return
+        unknown = any(self.expect[r].reserved > len(self.expect[r].tokens) for r in rids)
         try:
             launch = self.alloc.publish(rids)
         except OutOfBlocks:
@@ -278,7 +299,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert len(set(launch.slot_mapping.tolist())) == len(launch.slot_mapping)
         launch.check_current()
         self.launches.append(launch)
-        _event("publish: ok" + (" with copy-on-write" if len(launch.copies) else ""))
+        _event("publish: ok" + (" with copy-on-write" if len(launch.copies) else "")
+               + (" (token ids not known yet)" if unknown else ""))
 
     def _sync_launches(self) -> None:
         """Launches the allocator completed itself (through recorded events at reclaim)."""
@@ -336,7 +358,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         _event("commit: ok" + (" (blocks entered the cache)" if grew else ""))
 
     def _commit_ok(self, rid: str, e: Expect, n: int) -> bool:
-        if n < e.computed or n > e.issued:
+        if n < e.computed or n > e.issued or n > len(e.tokens):
             return False
         m, table = self.model, self.alloc.block_table(rid)
         for i in range(e.computed // self.B, blocks_needed(n, self.B)):
@@ -358,6 +380,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         share guard, with the child's table open) and take a fresh one for each block never
         handed to a kernel (ALLOCATED)."""
         m = self.model
+        if self.expect[parent].issued > len(self.expect[parent].tokens):
+            return False  # KV of token ids nobody has seen is never shared
         opened = step(m.replace(holder_ids=(*m.holder_ids, child)), "open_holder", r=child)
         table = self.alloc.block_table(parent)
         fresh = sum(1 for b in table if m.state[b] == ALLOCATED)

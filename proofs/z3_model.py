@@ -32,7 +32,7 @@ from pagedkv.spec.invariants import INVARIANTS, Invariant
 from pagedkv.spec.model import ARRAY_FIELDS, BLOCK_FIELDS, PoolState, initial_state
 from pagedkv.spec.ops import Arr, Z3Ops
 from pagedkv.spec.states import ALL_STATES, NO_BLOCK, NO_HASH, state_name
-from pagedkv.spec.transitions import TRANSITIONS, Transition
+from pagedkv.spec.transitions import PARAM_KINDS, TRANSITIONS, Transition
 
 # --- sorts and defaults, read off the spec's initial state ------------------------------------
 _TEMPLATE = initial_state(1, 1)
@@ -66,11 +66,10 @@ INDEX_KIND: dict[str, str] = {f: "block" for f in BLOCK_FIELDS}
 INDEX_KIND.update(hmap="hash", holds="holder", alive="holder", nheld="holder", count="state")
 
 # Transition parameters: what they range over. Unknown names are unconstrained integers.
-PARAM_KIND = {"b": "block", "r": "holder", "h": "hash", "w": "int", "writes": "bool"}
-
-
 def param_kind(name: str) -> str:
-    return PARAM_KIND.get(name, "int")
+    """The spec's declared kind (spec.transitions.PARAM_KINDS); a slot count is left an
+    unconstrained integer here (the guards bound it), as is an undeclared parameter."""
+    return PARAM_KINDS.get(name, "int")
 
 
 # --- ops that abstract the rest of an unbounded pool ------------------------------------------

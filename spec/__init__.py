@@ -17,11 +17,12 @@ from .states import (
     BlockState,
     state_name,
 )
-from .transitions import TRANSITIONS, Transition, slots_written
+from .transitions import PARAM_KINDS, TRANSITIONS, Transition, slots_written
 
 __all__ = [
     "ALL_STATES", "ALLOCATED", "Arr", "BLOCK_FIELDS", "BlockState", "CACHED", "CONCRETE",
-    "ConcreteOps", "FREE", "INVARIANTS", "Invariant", "NO_BLOCK", "NO_HASH", "Overlay",
+    "ConcreteOps", "FREE", "INVARIANTS", "PARAM_KINDS", "Invariant", "NO_BLOCK", "NO_HASH",
+    "Overlay",
     "PROPERTIES", "PUBLISHED", "PoolState", "RECLAIMED", "REFERENCED", "TRANSITIONS",
     "TableView", "Transition", "Z3Ops", "flatten", "initial_state", "live_instances",
     "slots_written",

@@ -23,6 +23,13 @@ from .states import (
     REFERENCED,
 )
 
+# What each transition parameter ranges over, declared once for every reader of the spec
+# (z3 model, explorer, compiled-guard probes, diagram): a block id, a holder (request table),
+# a prefix hash, a count of slots in one block (0..block_size), or a flag.
+PARAM_KINDS: dict[str, str] = {
+    "b": "block", "r": "holder", "h": "hash", "w": "slots", "k": "slots", "writes": "bool",
+}
+
 
 @dataclass(frozen=True)
 class Transition:
@@ -137,6 +144,23 @@ def _end_access_effect(ops: Any, s: PoolState, b: Any, writes: Any) -> PoolState
         pending=_set(ops, s.pending, b, s.pending[b] - 1),
         wpend=_set(ops, s.wpend, b, s.wpend[b] - ops.If(writes, 1, 0)),
     )
+
+
+# --- rewind: r drops the written slots of b from k on (rejected speculative tokens) ----------
+def _rewind_guard(ops: Any, s: PoolState, b: Any, r: Any, k: Any) -> Any:
+    return ops.And(
+        *_in_pool(s, b),
+        s.state[b] == PUBLISHED,
+        s.holds[r][b],
+        s.ref[b] == 1,
+        s.wpend[b] == 0,
+        k >= 0,
+        k <= s.filled[b],
+    )
+
+
+def _rewind_effect(ops: Any, s: PoolState, b: Any, r: Any, k: Any) -> PoolState:
+    return s.replace(filled=_set(ops, s.filled, b, k))
 
 
 # --- commit: PUBLISHED -> REFERENCED, registered under hash h --------------------------------
@@ -264,6 +288,9 @@ TRANSITIONS: dict[str, Transition] = {
                    "a launch through r's table starts reading b (w = 0) or writing w slots"),
         Transition("end_access", ("b", "writes"), _end_access_guard, _end_access_effect,
                    "a launch that saw b completed"),
+        Transition("rewind", ("b", "r", "k"), _rewind_guard, _rewind_effect,
+                   "r keeps only the first k written slots of its exclusive PUBLISHED block b "
+                   "[no write pending]"),
         Transition("commit", ("b", "r", "h"), _commit_guard, _commit_effect,
                    "PUBLISHED -> REFERENCED under hash h [full, written, write completed, "
                    "h not cached]"),

@@ -12,8 +12,8 @@ from pagedkv.allocator import BlockAllocator
 from pagedkv.allocator.compiled import predicate_agrees, predicate_code, scrambled_pool
 from pagedkv.spec import CONCRETE, INVARIANTS, NO_HASH, TRANSITIONS
 
-VALUES = {"b": range(5), "r": ("a", "b", "zz"), "w": (0, 1, 3, 4), "writes": (False, True),
-          "h": (NO_HASH, 11, 13)}
+VALUES = {"b": range(5), "r": ("a", "b", "zz"), "w": (0, 1, 3, 4), "k": (0, 1, 3, 4),
+          "writes": (False, True), "h": (NO_HASH, 11, 13)}
 
 
 SPEC_FUNCTIONS = [(f"guard {t.name}", t.guard, t.params) for t in TRANSITIONS.values()] + [

@@ -408,7 +408,7 @@ LIFECYCLE = {
     ("release", "ALLOCATED", "RECLAIMED"), ("release", "PUBLISHED", "PUBLISHED"),
     ("release", "PUBLISHED", "RECLAIMED"), ("release", "REFERENCED", "REFERENCED"),
     ("release", "REFERENCED", "CACHED"), ("evict", "CACHED", "RECLAIMED"),
-    ("recycle", "RECLAIMED", "FREE"),
+    ("recycle", "RECLAIMED", "FREE"), ("rewind", "PUBLISHED", "PUBLISHED"),
 }
 
 

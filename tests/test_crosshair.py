@@ -60,6 +60,8 @@ MUTANTS: list[tuple[str, str, str, str]] = [
      "ops.And(st == PUBLISHED, s.filled[b] + w <= s.block_size)"),
     ("crosshair_targets.end_access_keeps_block_invariants", "spec/transitions.py",
      "s.wpend[b] - ops.If(writes, 1, 0)", "s.wpend[b] - ops.If(writes, 0, 0)"),
+    ("crosshair_targets.rewind_keeps_block_invariants", "spec/transitions.py",
+     "        k >= 0,\n", ""),
     ("crosshair_targets.commit_keeps_block_invariants", "spec/transitions.py",
      "        s.filled[b] == s.block_size,\n", ""),
     ("crosshair_targets.share_keeps_block_invariants", "spec/transitions.py",

@@ -28,7 +28,6 @@ from pagedkv.allocator import (
     PendingAccess,
     PublishError,
     StaleTableError,
-    TokensUnknown,
     UnknownRequest,
     block_hash,
     chain_hashes,
@@ -410,8 +409,6 @@ PUBLISH_CASES = [
     case("unknown-rid", lambda w: w.alloc.publish(["a", "ghost"]), UnknownRequest),
     case("freed-rid", lambda w: w.alloc.publish(["c"]), UnknownRequest),
     case("nothing-allocated", lambda w: w.alloc.publish(["n"]), InvalidArgument),
-    case("tokens-unknown", lambda w: w.alloc.publish(["t"]), TokensUnknown),
-    case("tokens-unknown-second", lambda w: w.alloc.publish(["a", "t"]), TokensUnknown),
     case("copy-on-write-out-of-blocks", lambda w: w.alloc.publish(["a2"]), OutOfBlocks,
          _cow_ready),
 ]

@@ -119,16 +119,20 @@ def test_hash_memo_is_used_and_bounded(monkeypatch):
     assert a._requests["t"].hashes == chain_hashes([5, 6, 7, 8], 1)
 
 
-def test_publish_needs_the_tokens_of_written_positions():
+def test_positions_with_unknown_tokens_are_written_but_never_cached_or_shared():
     a = BlockAllocator(4, 2)
     a.add_request("r", [1])
     a.allocate("r", 4)
+    launch = a.publish(["r"])  # async scheduling: tokens 2..4 are sampled on the device
+    launch.complete()
     before = snap(a)
     with pytest.raises(TokensUnknown):
-        a.publish(["r"])
+        a.commit("r", 4)
+    with pytest.raises(TokensUnknown):
+        a.fork("r", "child")
     unchanged(a, before)
+    a.commit("r", 1)  # the known prefix may be committed
     a.append_tokens("r", [2, 3, 4])
-    a.publish(["r"]).complete()
     a.commit("r", 4)
     a.add_request("s", [1, 2, 3, 4, 5])
     assert a.add_request("t", [1, 2, 3, 4, 5]) == 4  # both blocks are in the prefix cache

