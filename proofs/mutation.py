@@ -1005,6 +1005,8 @@ def load_mutation_report(path: str | os.PathLike[str] | None = None) -> dict[str
 
     None if there is no report (or it cannot be read)."""
     p = Path(path) if path is not None else REPO / DEFAULT_OUT
+    if path is None and not p.is_file():  # an installed wheel ships it as package data
+        p = Path(__file__).resolve().parent / "data" / Path(DEFAULT_OUT).name
     try:
         rep = json.loads(p.read_text())
     except (OSError, ValueError):
