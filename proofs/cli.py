@@ -397,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pagedkv", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("verify", help="run every proof and check; print the invariant report")
-    v.add_argument("--quick", action="store_true", help="a sub-minute run with smaller budgets")
+    v.add_argument("--quick", action="store_true",
+                   help="smaller budgets: about 2 minutes on 2 cores (measured 108-140 s), "
+                        "against about 6 for the full run")
     v.add_argument("--steps", type=int, default=None, help="stateful campaign steps")
     v.add_argument("--out-dir", type=Path, default=Path("."), help="where to write the reports")
     args = parser.parse_args(argv)
