@@ -569,6 +569,7 @@ class BlockAllocator:
             _on_complete=self._complete,
             _generation_of=lambda: self.pool.gen,
             seq=self._launches_published,
+            block_size=B,
         )
         self._inflight[launch.seq] = launch
         return launch

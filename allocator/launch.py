@@ -49,6 +49,7 @@ class Launch:
     _on_complete: Callable[[Launch, bool], None] = field(repr=False)
     _generation_of: Callable[[], Sequence[int]] = field(repr=False)
     seq: int = 0
+    block_size: int = 0
     event: Any = None
     completed: bool = False
 
@@ -84,6 +85,13 @@ class Launch:
         """The kernels that used these tables are done: unpin (spec: end_access per block).
         ``LaunchAlreadyCompleted`` if it already completed (its pins were released once)."""
         self._on_complete(self, True)
+
+    def to_flashinfer(self) -> Any:
+        """This launch in FlashInfer's paged layout (``kv_indptr``, ``kv_indices``,
+        ``kv_last_page_len``, ``qo_indptr``, ``positions``); see ``allocator/interop.py``."""
+        from .interop import to_flashinfer
+
+        return to_flashinfer(self.block_tables, self.seq_lens, self.query_lens, self.block_size)
 
     def check_current(self) -> None:
         """Raise StaleTableError if any table entry's block has been reclaimed since publish."""
