@@ -44,6 +44,7 @@ from typing import Any
 from pagedkv.allocator import (
     AllocatorError,
     BlockAllocator,
+    CommitError,
     GuardViolation,
     Launch,
     LaunchAlreadyCompleted,
@@ -128,7 +129,7 @@ class _Flight:
 _WEIGHTS = (
     ("add", 7), ("allocate", 24), ("append", 14), ("publish", 15), ("complete", 13),
     ("commit", 7), ("fork", 5), ("finish", 6), ("preempt", 2), ("reclaim", 3),
-    ("again", 1), ("abort", 1),
+    ("again", 1), ("abort", 1), ("truncate", 3),
 )
 
 
@@ -171,9 +172,9 @@ class Soak:
         self.f: dict[str, Any] = dict.fromkeys((
             "ops", "launches", "completions", "completed_out_of_order", "completed_by_reclaim",
             "completed_directly", "events_recorded", "forks", "copies", "preemptions",
-            "requests_added", "requests_finished", "aborts", "commits", "tokens_appended",
-            "prefix_hit_tokens", "first_allocations", "already_completed_refusals",
-            "max_inflight_seen", "invariant_scans"), 0)
+            "truncations", "requests_added", "requests_finished", "aborts", "commits",
+            "tokens_appended", "prefix_hit_tokens", "first_allocations",
+            "already_completed_refusals", "max_inflight_seen", "invariant_scans"), 0)
         self.refusals: dict[str, int] = {}
         self._seq = [getattr(self, f"op_{name}") for name, w in _WEIGHTS for _ in range(w)]
 
@@ -557,6 +558,24 @@ class Soak:
         self.live[child] = c
         self.rids.append(child)
         self.f["forks"] += 1
+        self.after()
+
+    def op_truncate(self) -> None:
+        """Speculative decoding: drop rejected draft positions, maybe while launches fly."""
+        req = self._pick(lambda r: r.reserved > max(r.computed, 1))
+        if req is None:
+            return
+        n = self.rng.randint(max(req.computed, 1), req.reserved)
+        self.what = f"truncate({req.rid!r}, {n})"
+        try:
+            self.alloc.truncate(req.rid, n)
+        except CommitError as err:  # the kept partial block is shared or being written
+            self.refused(err)
+            return
+        req.reserved, req.issued = n, min(req.issued, n)
+        del req.tokens[n:]
+        req.pending = {no: first for no, first in req.pending.items() if first < n}
+        self.f["truncations"] += 1
         self.after()
 
     def op_finish(self) -> None:

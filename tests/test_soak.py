@@ -140,8 +140,8 @@ def test_soak_oracle_holds(seed, checked):
     f = run_soak(ops, seed, checked=checked, check_every=250)
     assert f["ops"] >= ops
     # the mix did what it is for: every kind of event happened, many times
-    for key in ("launches", "forks", "copies", "completed_out_of_order", "completed_by_reclaim",
-                "preemptions", "prefix_hit_tokens", "commits", "requests_finished",
+    for key in ("launches", "forks", "copies", "truncations", "completed_out_of_order",
+                "completed_by_reclaim", "preemptions", "prefix_hit_tokens", "commits", "requests_finished",
                 "already_completed_refusals"):
         assert f[key] > 10, (key, f)
     assert f["refusals"].get("OutOfBlocks", 0) > 0, f
