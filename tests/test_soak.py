@@ -141,8 +141,8 @@ def test_soak_oracle_holds(seed, checked):
     assert f["ops"] >= ops
     # the mix did what it is for: every kind of event happened, many times
     for key in ("launches", "forks", "copies", "truncations", "completed_out_of_order",
-                "completed_by_reclaim", "preemptions", "prefix_hit_tokens", "commits", "requests_finished",
-                "already_completed_refusals"):
+                "completed_by_reclaim", "preemptions", "prefix_hit_tokens", "commits",
+                "requests_finished", "already_completed_refusals"):
         assert f[key] > 10, (key, f)
     assert f["refusals"].get("OutOfBlocks", 0) > 0, f
     assert f["max_inflight_seen"] >= 4
