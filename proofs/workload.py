@@ -58,6 +58,7 @@ def run_workload(
     clock = [0]
     waiting: list[tuple[str, list[int], str | None]] = []
     running: dict[str, int] = {}  # rid -> tokens still to generate
+    issued: dict[str, int] = {}  # rid -> positions its published launches cover
     next_id = 0
     chunk = 4 * block_size
     started = time.perf_counter()
@@ -92,7 +93,7 @@ def run_workload(
                     alloc.allocate(rid, max(target, 1))
                 except OutOfBlocks:
                     victim = max(running, key=lambda r: alloc.num_reserved(r))
-                    _preempt(alloc, victim, running, waiting)
+                    _preempt(alloc, victim, running, waiting, issued)
                     report.preemptions += 1
                     continue
                 batch.append(rid)
@@ -102,10 +103,11 @@ def run_workload(
                     launch = alloc.publish(batch)
                 except OutOfBlocks:
                     victim = batch[-1]
-                    _preempt(alloc, victim, running, waiting)
+                    _preempt(alloc, victim, running, waiting, issued)
                     report.preemptions += 1
                     continue
                 report.launches += 1
+                issued.update((r, alloc.num_reserved(r)) for r in batch)
                 report.copy_on_write_copies += len(launch.copies)
                 launch.record(_Event(clock, rng.choice([0, 0, 1, 2])))
             alloc.reclaim()
@@ -114,6 +116,8 @@ def run_workload(
                 if any(rid in launch.rids for launch in alloc.inflight):
                     continue
                 reserved = alloc.num_reserved(rid)
+                if issued.get(rid, alloc.num_computed(rid)) < reserved:
+                    continue  # allocated, but its launch was refused (no room to copy)
                 if reserved < _known(alloc, rid):
                     alloc.commit(rid, reserved)
                     continue
@@ -123,6 +127,7 @@ def run_workload(
                 if running[rid] <= 0:
                     alloc.free(rid)
                     del running[rid]
+                    issued.pop(rid, None)
                     report.requests_finished += 1
                 elif rng.random() < 0.03 and len(running) < 12:
                     child = f"{rid}.f{step}"
@@ -131,6 +136,7 @@ def run_workload(
                     except OutOfBlocks:
                         continue
                     running[child] = rng.randint(1, 8)
+                    issued[child] = issued.get(rid, alloc.num_computed(rid))
                     report.forks += 1
             if step % 10 == 0:
                 alloc.check_invariants()
@@ -154,12 +160,14 @@ def _known(alloc: BlockAllocator, rid: str) -> int:
     return len(alloc._req(rid).tokens)  # noqa: SLF001 - the workload plays the engine
 
 
-def _preempt(alloc: BlockAllocator, rid: str, running: dict, waiting: list) -> None:
+def _preempt(alloc: BlockAllocator, rid: str, running: dict, waiting: list,
+             issued: dict) -> None:
     """Preemption = free + re-add later (the cached prefix is hit again)."""
     req = alloc._req(rid)  # noqa: SLF001
     tokens, salt = list(req.tokens), req.salt
     alloc.free(rid)  # blocks a pending launch still reads wait, RECLAIMED, until it completes
     del running[rid]
+    issued.pop(rid, None)
     waiting.insert(0, (rid, tokens, salt))
 
 
