@@ -378,7 +378,7 @@ class BlockAllocator:
                 f"{rid!r} committed {req.computed} positions; cannot truncate to {num_tokens}"
             )
         keep = blocks_needed(num_tokens, B)
-        tail = req.table[keep - 1] if num_tokens % B and num_tokens < req.issued else None
+        tail = req.table[keep - 1] if keep else None  # rewound only if it holds dropped slots
         if tail is not None:
             k = num_tokens - (keep - 1) * B
             if pool.filled[tail] > k:
