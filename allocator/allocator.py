@@ -95,17 +95,19 @@ _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _NOT_SEQUENCES = (str, bytes, bytearray, memoryview, set, frozenset, dict, Mapping)
 
 
-def _check_tokens(token_ids: Iterable[int]) -> list[int]:
-    if isinstance(token_ids, _NOT_SEQUENCES):
-        raise InvalidArgument(
-            f"token ids must be an ordered sequence of ints, not a {type(token_ids).__name__}"
-        )
+def _ordered(values: Any, what: str) -> list[Any]:
+    """The items of an ordered sequence, or InvalidArgument (a bare string or an unordered
+    collection is not one)."""
+    if isinstance(values, _NOT_SEQUENCES):
+        raise InvalidArgument(f"{what} must be an ordered sequence, not a {type(values).__name__}")
     try:
-        tokens = list(token_ids)
+        return list(values)
     except TypeError:
-        raise InvalidArgument(
-            f"token ids must be a sequence of ints, got {type(token_ids).__name__}"
-        ) from None
+        raise InvalidArgument(f"{what} must be a sequence, got {type(values).__name__}") from None
+
+
+def _check_tokens(token_ids: Iterable[int]) -> list[int]:
+    tokens = _ordered(token_ids, "token ids")
     if not set(map(type, tokens)) <= {int}:  # fast path: plain ints need no conversion
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, int | np.integer):
@@ -469,16 +471,7 @@ class BlockAllocator:
 
     # ---- launches ----------------------------------------------------------------------------
     def _check_rids(self, rids: Any) -> tuple[Hashable, ...]:
-        if isinstance(rids, _NOT_SEQUENCES):
-            raise InvalidArgument(
-                f"publish takes an ordered sequence of request ids, not a {type(rids).__name__}"
-            )
-        try:
-            rids = tuple(rids)
-        except TypeError:
-            raise InvalidArgument(
-                f"publish takes a sequence of request ids, got {type(rids).__name__}"
-            ) from None
+        rids = tuple(_ordered(rids, "publish's request ids"))
         if not rids:
             raise InvalidArgument("publish needs at least one request")
         try:
