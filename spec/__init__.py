@@ -1,6 +1,6 @@
 """pagedkv.spec — the block lifecycle, written once: states, transitions, invariants."""
 
-from .check import live_instances, spec_digest, step, violations
+from .check import launch_ids, live_instances, spec_digest, step, violations
 from .invariants import INVARIANTS, PROPERTIES, Invariant, TableView
 from .model import BLOCK_FIELDS, PoolState, initial_state, states_equal
 from .ops import CONCRETE, Arr, ConcreteOps, Overlay, Z3Ops, flatten
@@ -9,11 +9,13 @@ from .states import (
     ALLOCATED,
     CACHED,
     FREE,
+    ISSUED,
     NO_BLOCK,
     NO_HASH,
     PUBLISHED,
     RECLAIMED,
     REFERENCED,
+    WATERMARK,
     BlockState,
     state_name,
 )
@@ -21,10 +23,11 @@ from .transitions import PARAM_KINDS, TRANSITIONS, Transition, slots_written
 
 __all__ = [
     "ALL_STATES", "ALLOCATED", "Arr", "BLOCK_FIELDS", "BlockState", "CACHED", "CONCRETE",
-    "ConcreteOps", "FREE", "INVARIANTS", "PARAM_KINDS", "Invariant", "NO_BLOCK", "NO_HASH",
+    "ConcreteOps", "FREE", "INVARIANTS", "ISSUED", "PARAM_KINDS", "Invariant", "NO_BLOCK",
+    "NO_HASH", "WATERMARK",
     "Overlay",
     "PROPERTIES", "PUBLISHED", "PoolState", "RECLAIMED", "REFERENCED", "TRANSITIONS",
-    "TableView", "Transition", "Z3Ops", "flatten", "initial_state", "live_instances",
+    "TableView", "Transition", "Z3Ops", "flatten", "initial_state", "launch_ids", "live_instances",
     "slots_written",
     "spec_digest", "state_name", "states_equal", "step", "violations",
 ]

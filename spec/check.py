@@ -22,6 +22,17 @@ def hash_ids(s: PoolState) -> set[Any]:
     return keys
 
 
+def launch_ids(s: PoolState) -> list[Any]:
+    """The launches a concrete state knows: those in flight, and the next number (the
+    ``launch`` scope's concrete range; every other number reads the default, not in flight).
+    ``s.inflight`` is a spec array or any mapping view with ``items()``."""
+    from .ops import Arr, Overlay, flatten
+    from .states import ISSUED
+
+    arr = flatten(s.inflight) if isinstance(s.inflight, Arr | Overlay) else s.inflight
+    return sorted({k for k, v in arr.items() if v} | {s.clock[ISSUED]})
+
+
 def violations(
     s: PoolState,
     tables: Iterable[TableView] = (),
@@ -46,6 +57,8 @@ def violations(
             out += [(inv.name, h) for h in hash_ids(s) if not inv.pred(CONCRETE, s, h)]
         elif inv.scope == "holder":
             out += [(inv.name, r) for r in s.holder_ids if not inv.pred(CONCRETE, s, r)]
+        elif inv.scope == "launch":
+            out += [(inv.name, L) for L in launch_ids(s) if not inv.pred(CONCRETE, s, L)]
         elif inv.scope == "pool":
             if not inv.pred(CONCRETE, s):
                 out.append((inv.name, "pool"))
@@ -77,6 +90,8 @@ def _instances(inv: Invariant, s: PoolState, tables: list[TableView]) -> list[tu
         return [(h,) for h in hash_ids(s)]
     if inv.scope == "holder":
         return [(r,) for r in s.holder_ids]
+    if inv.scope == "launch":
+        return [(L,) for L in launch_ids(s)]
     if inv.scope == "table":
         return [(t,) for t in tables]
     return [()]

@@ -2,7 +2,7 @@
 
 A guard returns ``ops.And(c1, c2, ...)``. ``failed_conditions`` evaluates each conjunct on a
 concrete state and renders the false ones with the field glossary below, so a refused call says
-"the block's pending launches must be 0 (it is 2)" instead of "guard does not hold". Nothing
+"the state of block 3 must be FREE (it is CACHED)" instead of "guard does not hold". Nothing
 here is a second copy of a rule: the conjuncts are the guard's, evaluated as written.
 """
 
@@ -22,7 +22,7 @@ from .states import state_name
 FIELD_WORDS = {
     "state": "the state of block {0}",
     "ref": "the reference count of block {0}",
-    "pending": "the pending launches on block {0}",
+    "retire": "the launch clock block {0} was retired at",
     "wpend": "the pending writing launches on block {0}",
     "filled": "the written slots of block {0}",
     "gen": "the generation of block {0}",
@@ -30,7 +30,9 @@ FIELD_WORDS = {
     "hmap": "the block cached under hash {0}",
     "nheld": "the number of blocks holder {0} holds",
     "count": "the number of blocks in state {0}",
+    "clock": "{0}",
 }
+CLOCK_WORDS = {0: "the number of launches issued", 1: "the watermark of completed launches"}
 # Boolean fields: (required true, required false).
 FLAG_WORDS = {
     "init": ("block {0} must have an initialized record",
@@ -39,6 +41,7 @@ FLAG_WORDS = {
                "block {0} must not be in the eviction queue"),
     "alive": ("holder {0} must be open", "holder {0} must not be open"),
     "holds": ("holder {0} must hold block {1}", "holder {0} must not hold block {1}"),
+    "inflight": ("launch {0} must be in flight", "launch {0} must not be in flight"),
 }
 _STATE_NAMES = {"FREE", "ALLOCATED", "PUBLISHED", "REFERENCED", "CACHED", "RECLAIMED"}
 _CMP_WORDS = {ast.Eq: "must be", ast.NotEq: "must not be", ast.Lt: "must be <",
@@ -89,6 +92,8 @@ class _Words:
             keys = [repr(self.value(k)) for k in reversed(chain)]
             if base.attr == "count":
                 keys = [state_name(self.value(chain[0]))]
+            elif base.attr == "clock":
+                keys = [CLOCK_WORDS.get(self.value(chain[0]), f"clock {keys[0]}")]
             return base.attr, keys
         return None
 

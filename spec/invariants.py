@@ -4,6 +4,7 @@ Scopes say what an invariant ranges over:
 - ``block``: ``pred(ops, s, b)`` must hold for every block b (proved over one symbolic block);
 - ``hash``: ``pred(ops, s, h)`` for every hash h;
 - ``holder``: ``pred(ops, s, r)`` for every holder r;
+- ``launch``: ``pred(ops, s, L)`` for every launch number L;
 - ``pool``: ``pred(ops, s)`` once, pool-wide (sums over ``s.block_ids``/``s.holder_ids``);
 - ``table``: ``pred(ops, s, t)`` for every request table ``t`` (a ``TableView``).
 """
@@ -20,11 +21,13 @@ from .states import (
     ALLOCATED,
     CACHED,
     FREE,
+    ISSUED,
     NO_BLOCK,
     NO_HASH,
     PUBLISHED,
     RECLAIMED,
     REFERENCED,
+    WATERMARK,
 )
 
 # The safety properties the invariants serve (used as the report's second column).
@@ -98,12 +101,31 @@ def _initialized_iff_live(ops: Any, s: PoolState, b: Any) -> Any:
     return s.init[b] == _in(ops, s.state[b], ALLOCATED, PUBLISHED, REFERENCED, CACHED)
 
 
-def _no_pending_when_free(ops: Any, s: PoolState, b: Any) -> Any:
-    st = s.state[b]
+def _no_write_when_free(ops: Any, s: PoolState, b: Any) -> Any:
     return ops.And(
-        ops.Implies(_in(ops, st, FREE, ALLOCATED), s.pending[b] == 0),
+        ops.Implies(_in(ops, s.state[b], FREE, ALLOCATED), s.wpend[b] == 0),
         s.wpend[b] >= 0,
-        s.wpend[b] <= s.pending[b],
+    )
+
+
+def _reused_after_its_readers(ops: Any, s: PoolState, b: Any) -> Any:
+    # A FREE block, and a new incarnation (ALLOCATED, PUBLISHED) of one, was retired before
+    # the watermark: every launch that could have read its previous content has completed.
+    return ops.And(
+        s.retire[b] >= 0,
+        s.retire[b] <= s.clock[ISSUED],
+        ops.Implies(_in(ops, s.state[b], FREE, ALLOCATED, PUBLISHED),
+                    s.retire[b] <= s.clock[WATERMARK]),
+    )
+
+
+def _watermark_bounds(ops: Any, s: PoolState) -> Any:
+    return ops.And(s.clock[WATERMARK] >= 0, s.clock[WATERMARK] <= s.clock[ISSUED])
+
+
+def _launch_window(ops: Any, s: PoolState, L: Any) -> Any:
+    return ops.Implies(
+        s.inflight[L], ops.And(L >= s.clock[WATERMARK], L < s.clock[ISSUED])
     )
 
 
@@ -195,9 +217,17 @@ INVARIANTS: dict[str, Invariant] = {
                   "ref > 0 exactly in ALLOCATED/PUBLISHED/REFERENCED; ALLOCATED has ref 1"),
         Invariant("initialized_iff_live", "block", _initialized_iff_live, NO_EARLY_PUBLICATION,
                   "every block a table or the cache can hand out has an initialized record"),
-        Invariant("no_pending_when_free", "block", _no_pending_when_free,
+        Invariant("no_write_when_free", "block", _no_write_when_free,
                   NO_RECYCLE_WHILE_PENDING,
-                  "pending > 0 never in FREE or ALLOCATED; 0 <= writing <= pending"),
+                  "no write is pending on a FREE or ALLOCATED block; writes >= 0"),
+        Invariant("reused_after_its_readers", "block", _reused_after_its_readers,
+                  NO_RECYCLE_WHILE_PENDING,
+                  "a FREE, ALLOCATED or PUBLISHED block was retired below the watermark"),
+        Invariant("watermark_bounds", "pool", _watermark_bounds, NO_RECYCLE_WHILE_PENDING,
+                  "0 <= watermark <= launches issued"),
+        Invariant("launch_window", "launch", _launch_window, NO_RECYCLE_WHILE_PENDING,
+                  "a launch in flight is numbered in [watermark, issued): launches below the "
+                  "watermark have all completed"),
         Invariant("hash_map_agrees", "block", _hash_map_agrees_block, NO_UNWRITTEN_HIT,
                   "a block has a hash exactly when REFERENCED/CACHED, and the map points back"),
         Invariant("one_block_per_hash", "hash", _hash_map_agrees_hash, NO_UNWRITTEN_HIT,

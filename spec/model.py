@@ -3,14 +3,19 @@
 The same ``PoolState`` carries concrete values (``Arr``/``Overlay``, or read-only views of the
 runtime allocator) or z3 arrays. Fields:
 
-- per block ``b``: ``state``, ``ref``, ``pending`` (launches that saw it and are not complete),
-  ``wpend`` (those of them that write it), ``filled`` (slots written by issued launches),
+- per block ``b``: ``state``, ``ref``, ``retire`` (the launch clock when its last holder let it
+  go: launches numbered below it may still read it), ``wpend`` (launches writing it that have
+  not completed), ``filled`` (slots written by issued launches),
   ``gen`` (generation, bumped when content is invalidated), ``init`` (record initialized),
   ``hash`` (``NO_HASH`` or its prefix hash), ``queued`` (in the eviction queue);
 - ``hmap``: hash -> block (``NO_BLOCK`` if none);
 - per holder ``r`` (a request's table, or any other owner of references): ``alive``,
   ``holds[r][b]`` and the ghost ``nheld[r]`` (number of blocks it holds);
-- ghost ``count[s]``: number of blocks in state ``s`` (conservation is linear in it).
+- ghost ``count[s]``: number of blocks in state ``s`` (conservation is linear in it);
+- per launch ``L`` (launches are numbered 0, 1, ... in publish order): ``inflight[L]``;
+- ``clock[ISSUED]``: launches published so far (the next launch's number);
+  ``clock[WATERMARK]``: every launch numbered below it has completed (epoch-based
+  reclamation: a block retired at clock c is reusable once the watermark reaches c).
 
 ``block_ids`` and ``holder_ids`` enumerate the blocks and holders that pool-wide sums range
 over: everything, concretely; a small fixed set in the bounded proofs.
@@ -23,17 +28,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from .ops import Arr, flatten
-from .states import ALL_STATES, FREE, NO_BLOCK, NO_HASH
+from .states import ALL_STATES, FREE, ISSUED, NO_BLOCK, NO_HASH, WATERMARK
 
-BLOCK_FIELDS = ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash", "queued")
-ARRAY_FIELDS = BLOCK_FIELDS + ("hmap", "holds", "alive", "nheld", "count")
+BLOCK_FIELDS = ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "queued")
+ARRAY_FIELDS = BLOCK_FIELDS + ("hmap", "holds", "alive", "nheld", "count", "inflight", "clock")
 
 
 @dataclasses.dataclass(frozen=True)
 class PoolState:
     state: Any
     ref: Any
-    pending: Any
+    retire: Any
     wpend: Any
     filled: Any
     gen: Any
@@ -45,6 +50,8 @@ class PoolState:
     alive: Any
     nheld: Any
     count: Any
+    inflight: Any
+    clock: Any
     block_size: Any
     num_blocks: Any
     block_ids: tuple[Any, ...] = ()
@@ -68,7 +75,7 @@ def initial_state(
     return PoolState(
         state=Arr(FREE),
         ref=Arr(0),
-        pending=Arr(0),
+        retire=Arr(0),
         wpend=Arr(0),
         filled=Arr(0),
         gen=Arr(0),
@@ -80,6 +87,8 @@ def initial_state(
         alive=Arr(False),
         nheld=Arr(0),
         count=Arr(0, {FREE: num_blocks}),
+        inflight=Arr(False),
+        clock=Arr(0),
         block_size=block_size,
         num_blocks=num_blocks,
         block_ids=tuple(range(num_blocks)),
@@ -100,6 +109,13 @@ def states_equal(a: PoolState, b: PoolState) -> list[str]:
     ha, hb = flatten(a.hmap), flatten(b.hmap)
     if dict(ha.items()) != dict(hb.items()):
         diffs.append(f"hmap: {dict(ha.items())} != {dict(hb.items())}")
+    for c, name in ((ISSUED, "ISSUED"), (WATERMARK, "WATERMARK")):
+        if a.clock[c] != b.clock[c]:
+            diffs.append(f"clock[{name}]: {a.clock[c]} != {b.clock[c]}")
+    fa, fb = flatten(a.inflight), flatten(b.inflight)
+    if {k for k, v in fa.items() if v} != {k for k, v in fb.items() if v}:
+        diffs.append(f"inflight: {sorted(k for k, v in fa.items() if v)} != "
+                     f"{sorted(k for k, v in fb.items() if v)}")
     for r in set(a.holder_ids) | set(b.holder_ids):
         if bool(a.alive[r]) != bool(b.alive[r]) or a.nheld[r] != b.nheld[r]:
             diffs.append(f"holder {r!r}: alive/nheld differ")

@@ -11,13 +11,15 @@ class BlockState(IntEnum):
     PUBLISHED = 2  # in a table handed to kernels; they may write its slots
     REFERENCED = 3  # full, written, committed, in the prefix cache; may be shared
     CACHED = 4  # "zero-ref cached": a REFERENCED block with no holder left, evictable (LRU)
-    RECLAIMED = 5  # content invalidated; becomes FREE once no launch that saw it is pending
+    RECLAIMED = 5  # content invalidated; FREE once every launch that may have seen it completed
 
 
 FREE, ALLOCATED, PUBLISHED, REFERENCED, CACHED, RECLAIMED = (int(s) for s in BlockState)
 ALL_STATES = tuple(int(s) for s in BlockState)
 NO_HASH = 0  # hashes are non-zero integers; 0 means "no hash"
 NO_BLOCK = -1  # the hash map's "no block" value; also a padding table entry
+ISSUED = 0  # clock[ISSUED]: launches published so far, the next launch's number
+WATERMARK = 1  # clock[WATERMARK]: every launch numbered below it has completed
 
 
 def state_name(value: int) -> str:

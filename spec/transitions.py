@@ -16,18 +16,20 @@ from .states import (
     ALLOCATED,
     CACHED,
     FREE,
+    ISSUED,
     NO_BLOCK,
     NO_HASH,
     PUBLISHED,
     RECLAIMED,
     REFERENCED,
+    WATERMARK,
 )
 
 # What each transition parameter ranges over, declared once for every reader of the spec
 # (z3 model, explorer, compiled-guard probes, diagram): a block id, a holder (request table),
-# a prefix hash, a count of slots in one block (0..block_size), or a flag.
+# a prefix hash, a count of slots in one block (0..block_size), or a launch number.
 PARAM_KINDS: dict[str, str] = {
-    "b": "block", "r": "holder", "h": "hash", "w": "slots", "k": "slots", "writes": "bool",
+    "b": "block", "r": "holder", "h": "hash", "w": "slots", "k": "slots", "L": "launch",
 }
 
 
@@ -78,7 +80,7 @@ def _held_state(ops: Any, st: Any) -> Any:
 # --- allocate: FREE -> ALLOCATED -------------------------------------------------------------
 def _allocate_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
     return ops.And(
-        *_in_pool(s, b), s.state[b] == FREE, s.pending[b] == 0, s.alive[r],
+        *_in_pool(s, b), s.state[b] == FREE, s.retire[b] <= s.clock[WATERMARK], s.alive[r],
         ops.Not(s.holds[r][b]),
     )
 
@@ -105,45 +107,67 @@ def _publish_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
     return s.replace(**_move(ops, s, b, PUBLISHED))
 
 
-# --- begin_access: a launch that reads (w = 0) or writes w slots of b begins -----------------
-def _begin_access_guard(ops: Any, s: PoolState, b: Any, r: Any, w: Any) -> Any:
-    st = s.state[b]
+# --- begin_write: a launch through r's table writes w slots of b ------------------------------
+# Reads are not tracked per block: a launch pins, by its number, every block a table holds
+# when it is published (``launch``), and a block let go is reused only past the watermark.
+def _begin_write_guard(ops: Any, s: PoolState, b: Any, r: Any, w: Any) -> Any:
     return ops.And(
         *_in_pool(s, b),
         s.alive[r],
         s.holds[r][b],
         s.init[b],
-        ops.Or(st == PUBLISHED, st == REFERENCED),
-        w >= 0,
-        ops.Implies(
-            w > 0,
-            ops.And(st == PUBLISHED, s.ref[b] == 1, s.filled[b] + w <= s.block_size),
-        ),
+        s.state[b] == PUBLISHED,
+        s.ref[b] == 1,
+        w > 0,
+        s.filled[b] + w <= s.block_size,
     )
 
 
-def _begin_access_effect(ops: Any, s: PoolState, b: Any, r: Any, w: Any) -> PoolState:
+def _begin_write_effect(ops: Any, s: PoolState, b: Any, r: Any, w: Any) -> PoolState:
     return s.replace(
-        pending=_set(ops, s.pending, b, s.pending[b] + 1),
-        wpend=_set(ops, s.wpend, b, s.wpend[b] + ops.If(w > 0, 1, 0)),
+        wpend=_set(ops, s.wpend, b, s.wpend[b] + 1),
         filled=_set(ops, s.filled, b, s.filled[b] + w),
     )
 
 
-# --- end_access: that launch completed -------------------------------------------------------
-def _end_access_guard(ops: Any, s: PoolState, b: Any, writes: Any) -> Any:
-    # A reading access can complete only while one is pending: writers are counted apart.
-    return ops.And(
-        *_in_pool(s, b),
-        s.pending[b] > 0, ops.If(writes, s.wpend[b] > 0, s.wpend[b] < s.pending[b])
-    )
+# --- end_write: a launch that wrote b completed its write ------------------------------------
+def _end_write_guard(ops: Any, s: PoolState, b: Any) -> Any:
+    return ops.And(*_in_pool(s, b), s.wpend[b] > 0)
 
 
-def _end_access_effect(ops: Any, s: PoolState, b: Any, writes: Any) -> PoolState:
+def _end_write_effect(ops: Any, s: PoolState, b: Any) -> PoolState:
+    return s.replace(wpend=_set(ops, s.wpend, b, s.wpend[b] - 1))
+
+
+# --- launch: launch L (the next number) is published; it may read every block held now -------
+def _launch_guard(ops: Any, s: PoolState, L: Any) -> Any:
+    return L == s.clock[ISSUED]
+
+
+def _launch_effect(ops: Any, s: PoolState, L: Any) -> PoolState:
     return s.replace(
-        pending=_set(ops, s.pending, b, s.pending[b] - 1),
-        wpend=_set(ops, s.wpend, b, s.wpend[b] - ops.If(writes, 1, 0)),
+        inflight=_set(ops, s.inflight, L, True),
+        clock=_set(ops, s.clock, ISSUED, s.clock[ISSUED] + 1),
     )
+
+
+# --- complete: launch L's kernels are done (in any order) ------------------------------------
+def _complete_guard(ops: Any, s: PoolState, L: Any) -> Any:
+    return s.inflight[L]
+
+
+def _complete_effect(ops: Any, s: PoolState, L: Any) -> PoolState:
+    return s.replace(inflight=_set(ops, s.inflight, L, False))
+
+
+# --- advance: the watermark passes the oldest launch once it completed -----------------------
+def _advance_guard(ops: Any, s: PoolState) -> Any:
+    low = s.clock[WATERMARK]
+    return ops.And(low < s.clock[ISSUED], ops.Not(s.inflight[low]))
+
+
+def _advance_effect(ops: Any, s: PoolState) -> PoolState:
+    return s.replace(clock=_set(ops, s.clock, WATERMARK, s.clock[WATERMARK] + 1))
 
 
 # --- rewind: r drops the written slots of b from k on (rejected speculative tokens) ----------
@@ -207,6 +231,7 @@ def _share_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
 
 
 # --- release: ref - 1; at 0 REFERENCED -> CACHED, ALLOCATED/PUBLISHED -> RECLAIMED -----------
+# At 0 the block is retired at the current clock: the launches issued so far may read it.
 def _release_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
     return ops.And(*_in_pool(s, b), s.ref[b] > 0, s.holds[r][b], _held_state(ops, s.state[b]))
 
@@ -220,6 +245,7 @@ def _release_effect(ops: Any, s: PoolState, b: Any, r: Any) -> PoolState:
         **_move(ops, s, b, ops.If(to_cache, CACHED, ops.If(invalidate, RECLAIMED, st))),
         **_hold(ops, s, r, b, False),
         ref=_set(ops, s.ref, b, s.ref[b] - 1),
+        retire=_set(ops, s.retire, b, ops.If(last, s.clock[ISSUED], s.retire[b])),
         init=_set(ops, s.init, b, ops.If(invalidate, False, s.init[b])),
         gen=_set(ops, s.gen, b, s.gen[b] + ops.If(invalidate, 1, 0)),
         filled=_set(ops, s.filled, b, ops.If(invalidate, 0, s.filled[b])),
@@ -244,11 +270,11 @@ def _evict_effect(ops: Any, s: PoolState, b: Any) -> PoolState:
     )
 
 
-# --- recycle: RECLAIMED -> FREE once nothing that saw it is pending --------------------------
+# --- recycle: RECLAIMED -> FREE once every launch that may have seen it completed -------------
 def _recycle_guard(ops: Any, s: PoolState, b: Any) -> Any:
     return ops.And(
         *_in_pool(s, b),
-        s.state[b] == RECLAIMED, s.pending[b] == 0)
+        s.state[b] == RECLAIMED, s.retire[b] <= s.clock[WATERMARK], s.wpend[b] == 0)
 
 
 def _recycle_effect(ops: Any, s: PoolState, b: Any) -> PoolState:
@@ -281,13 +307,19 @@ TRANSITIONS: dict[str, Transition] = {
     t.name: t
     for t in (
         Transition("allocate", ("b", "r"), _allocate_guard, _allocate_effect,
-                   "FREE -> ALLOCATED for holder r [no pending accesses]"),
+                   "FREE -> ALLOCATED for holder r [launches that saw it completed]"),
         Transition("publish", ("b", "r"), _publish_guard, _publish_effect,
                    "ALLOCATED -> PUBLISHED [record initialized; r's table holds it]"),
-        Transition("begin_access", ("b", "r", "w"), _begin_access_guard, _begin_access_effect,
-                   "a launch through r's table starts reading b (w = 0) or writing w slots"),
-        Transition("end_access", ("b", "writes"), _end_access_guard, _end_access_effect,
-                   "a launch that saw b completed"),
+        Transition("begin_write", ("b", "r", "w"), _begin_write_guard, _begin_write_effect,
+                   "a launch through r's table writes w slots of its exclusive PUBLISHED b"),
+        Transition("end_write", ("b",), _end_write_guard, _end_write_effect,
+                   "a launch that wrote b completed"),
+        Transition("launch", ("L",), _launch_guard, _launch_effect,
+                   "launch L (the next number) is published; it may read any held block"),
+        Transition("complete", ("L",), _complete_guard, _complete_effect,
+                   "launch L completed (launches complete in any order)"),
+        Transition("advance", (), _advance_guard, _advance_effect,
+                   "the watermark passes the oldest launch [it completed]"),
         Transition("rewind", ("b", "r", "k"), _rewind_guard, _rewind_effect,
                    "r keeps only the first k written slots of its exclusive PUBLISHED block b "
                    "[no write pending]"),
@@ -297,11 +329,12 @@ TRANSITIONS: dict[str, Transition] = {
         Transition("share", ("b", "r"), _share_guard, _share_effect,
                    "prefix hit or fork: ref + 1; ZERO-REF CACHED -> REFERENCED"),
         Transition("release", ("b", "r"), _release_guard, _release_effect,
-                   "ref - 1 [r holds b, else DoubleFree]; at 0 -> CACHED or RECLAIMED"),
+                   "ref - 1 [r holds b, else DoubleFree]; at 0 -> CACHED or RECLAIMED, "
+                   "retired at the clock"),
         Transition("evict", ("b",), _evict_guard, _evict_effect,
                    "ZERO-REF CACHED -> RECLAIMED; hash dropped, generation bumped"),
         Transition("recycle", ("b",), _recycle_guard, _recycle_effect,
-                   "RECLAIMED -> FREE [pending = 0]"),
+                   "RECLAIMED -> FREE [the watermark passed its retire clock; no write pending]"),
         Transition("open_holder", ("r",), _open_guard, _open_effect,
                    "a request's table comes into being"),
         Transition("close_holder", ("r",), _close_guard, _close_effect,

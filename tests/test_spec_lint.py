@@ -78,23 +78,23 @@ def test_the_linter_catches_each_pitfall():
 def test_spec_evaluates_on_z3_terms():
     z3 = pytest.importorskip("z3")
     from pagedkv.spec import Z3Ops
-    from pagedkv.spec.model import PoolState
+    from pagedkv.spec.model import ARRAY_FIELDS, PoolState, initial_state
 
     ops, I, Bo = Z3Ops(), z3.IntSort(), z3.BoolSort()
-    arrays = {f: z3.Array(f, I, Bo if f in ("init", "queued", "alive") else I)
-              for f in ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash",
-                        "queued", "hmap", "alive", "nheld", "count")}
+    template = initial_state(1, 1)
+    arrays = {f: z3.Array(f, I, Bo if isinstance(getattr(template, f).default, bool) else I)
+              for f in ARRAY_FIELDS if f != "holds"}
     s = PoolState(**arrays, holds=z3.Array("holds", I, z3.ArraySort(I, Bo)),
                   block_size=z3.Int("B"), num_blocks=z3.Int("N"), block_ids=(0, 1),
                   holder_ids=(0, 1))
     b, r = z3.Int("b"), z3.Int("r")
     for t in TRANSITIONS.values():
-        params = {p: (z3.Bool(p) if p == "writes" else z3.Int(p)) for p in t.params}
+        params = {p: z3.Int(p) for p in t.params}
         assert z3.is_bool(t.guard(ops, s, **params)), t.name
         post = t.effect(ops, s, **params)
         assert isinstance(post, PoolState)
     for inv in INVARIANTS.values():
-        if inv.scope in ("block", "hash", "holder"):
+        if inv.scope in ("block", "hash", "holder", "launch"):
             assert z3.is_bool(inv.pred(ops, s, b if inv.scope != "holder" else r)), inv.name
         elif inv.scope == "pool":
             assert z3.is_bool(inv.pred(ops, s)), inv.name
