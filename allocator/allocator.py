@@ -8,7 +8,6 @@ refused call raises a typed ``AllocatorError`` and changes nothing.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import wraps
@@ -20,11 +19,13 @@ from pagedkv.spec import (
     CACHED,
     CONCRETE,
     FREE,
+    ISSUED,
     NO_HASH,
     PUBLISHED,
     RECLAIMED,
     REFERENCED,
     TRANSITIONS,
+    WATERMARK,
     PoolState,
     TableView,
     slots_written,
@@ -75,6 +76,7 @@ class _Request:
     table: list[int] = field(default_factory=list)
     reserved: int = 0  # positions the table covers for this request
     issued: int = 0  # positions a launch has been issued to write
+    published: int = 0  # leading table entries already published (later ones: ALLOCATED/hits)
     computed: int = 0  # positions committed (written by completed launches)
     committed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     started: bool = False  # the first allocate() (which takes the prefix hits) has happened
@@ -150,8 +152,7 @@ class BlockAllocator:
         self.checked = bool(checked)
         self._lock = threading.RLock()
         self._requests: dict[Hashable, _Request] = {}
-        self._inflight: dict[int, Launch] = {}  # by Launch.seq
-        self._launches_published = 0
+        self._inflight: dict[int, Launch] = {}  # by Launch.seq, the spec's launch number
         self._prefix_hit_tokens = 0
         # Kept exact on every change, so stats() costs O(1) whatever the number of requests.
         self._reserved_total = 0  # positions reserved, summed over live requests' tables
@@ -238,25 +239,33 @@ class BlockAllocator:
         """Decide, changing nothing, whether ``need`` new blocks can be taken beyond the
         ``hits`` the call revives. Returns the completed launches (their events say done) to
         reclaim first when the blocks they would release are needed; raises OutOfBlocks
-        otherwise, or EventError if an event fails."""
+        otherwise, or EventError if an event fails.
+
+        Completing them would move the watermark to the oldest launch still in flight (or
+        the clock): the retire-queue entries up to there that are still live (a RECLAIMED
+        block, recycled then, or a busy CACHED one, idle then) are what they release."""
         pool = self.pool
-        state, pending = pool.state, pool.pending
+        state, retire = pool.state, pool.retire
+        watermark = pool.clock[WATERMARK]
         available = pool.usable() - sum(
-            1 for b in hits if state[b] == CACHED and pending[b] == 0
+            1 for b in hits if state[b] == CACHED and retire[b] <= watermark
         )
         if need <= available:
             return []
         done = [launch for launch in self._inflight.values() if launch.event_done()]
-        released: Counter[int] = Counter()
-        for launch in done:
-            for b, _ in launch.accesses:
-                released[b] += 1
         gained = 0
-        for b, n in released.items():
-            if pending[b] == n and (state[b] == RECLAIMED or state[b] == CACHED):
-                gained += 1
-        # A hit that the completions would make idle is counted in ``gained`` and revived.
-        gained -= sum(1 for b in hits if state[b] == CACHED and 0 < pending[b] == released[b])
+        if done:
+            finished = {launch.seq for launch in done}
+            left = [L for L in pool.inflight if L not in finished]
+            mark = min(left) if left else pool.clock[ISSUED]
+            for stamp, b in pool.retire_queue:  # stamps increase: stop past the new watermark
+                if stamp > mark:
+                    break
+                if retire[b] == stamp and (state[b] == RECLAIMED or state[b] == CACHED):
+                    gained += 1
+            # A hit that the completions would make idle is counted in ``gained`` and revived.
+            gained -= sum(1 for b in hits
+                          if state[b] == CACHED and watermark < retire[b] <= mark)
         if need > available + gained:
             raise OutOfBlocks(need, available + gained, pool.waiting() - gained)
         return done
@@ -403,6 +412,7 @@ class BlockAllocator:
         del req.tokens[num_tokens:]
         del req.hashes[num_tokens // B:]
         req.committed_blocks = min(req.committed_blocks, num_tokens // B)
+        req.published = min(req.published, keep)
         req.reserved = num_tokens
         req.issued = min(req.issued, num_tokens)
         return list(req.table)
@@ -449,7 +459,8 @@ class BlockAllocator:
                 pool.share(b, child)
         c = _Request(
             child, list(p.tokens), p.salt, p.extra_keys, list(p.hashes),
-            table, p.reserved, p.issued, p.computed, p.committed_blocks, p.started,
+            table, p.reserved, p.issued, p.published, p.computed, p.committed_blocks,
+            p.started,
         )
         self._requests[child] = c
         self._reserved_total += c.reserved
@@ -459,8 +470,9 @@ class BlockAllocator:
     @_locked
     def free(self, rid: Hashable) -> None:
         """Release the request's blocks in reverse order, so its tail is evicted first
-        (spec: release each, then close_holder). Preemption is free + add_request. Blocks an
-        in-flight launch may still read wait (RECLAIMED, or CACHED but busy) for it."""
+        (spec: release each, then close_holder). Preemption is free + add_request. A block
+        let go is retired at the launch clock: while a launch published before may still read
+        it, it waits (RECLAIMED, or CACHED but busy) for the watermark to pass."""
         req = self._req(rid)
         for b in reversed(req.table):
             self.pool.release(b, rid)
@@ -484,15 +496,19 @@ class BlockAllocator:
 
     @_locked
     def publish(self, rids: Sequence[Hashable]) -> Launch:
-        """Hand the requests' tables to kernels: ALLOCATED blocks are published, every used
-        block is pinned (spec: publish, begin_access), shared partial blocks about to be
-        written are copied first (spec: allocate, publish, begin_access, release).
+        """Hand the requests' tables to kernels as launch number ``L = pool.clock[ISSUED]``
+        (spec: launch). New blocks are published (spec: publish), shared partial blocks about
+        to be written are copied first (spec: allocate, publish, then release of the source),
+        and each block the launch writes is marked (spec: begin_write).
 
-        A copy-on-write source is read by this launch, so it is pinned like every other block
-        the launch reads: it cannot be recycled before the launch completes, and no block is
-        both a copy source and a copy destination. Of several writers of one shared partial
-        block in one launch, each copies while another holder remains; the last one writes in
-        place.
+        Reads are not tracked per block: launch L pins, by its number, every block any table
+        holds now; a block let go later is retired at a clock > L and reused only once the
+        watermark passes it (every launch up to L completed). A copy-on-write source is
+        released only after the launch is numbered, so it is covered like every other block
+        the launch reads, and no block is both a copy source and a copy destination. Of
+        several writers of one shared partial block in one launch, each copies while another
+        holder remains; the last one writes in place. Cost: O(requests + blocks written or
+        new) transitions, whatever the tables' length (plus building the int32 arrays).
 
         Positions whose token ids are not known yet may be written (async scheduling: the
         previous step samples them on the device); ``commit`` and ``fork`` then wait for
@@ -501,44 +517,58 @@ class BlockAllocator:
         rids = self._check_rids(rids)
         reqs = [self._req(r) for r in rids]
         B, pool = self.block_size, self.pool
-        writers: Counter[int] = Counter()  # shared partial block -> writers in this launch
+        holders: dict[int, int] = {}  # shared partial block written -> holders left
+        writers: dict[int, int] = {}  # ... -> its writers in this launch
         for req in reqs:
             if req.reserved == 0:
                 raise InvalidArgument(f"request {req.rid!r} has no allocated positions")
             if req.issued < req.reserved and req.issued % B:
                 b = req.table[req.issued // B]
                 if pool.ref[b] > 1:
-                    writers[b] += 1
-        copies_needed = sum(min(k, pool.ref[b] - 1) for b, k in writers.items())
-        self._reclaim_launches(self._plan_room(copies_needed))
+                    holders[b] = pool.ref[b]
+                    writers[b] = writers.get(b, 0) + 1
+        if writers:  # k writers of a block with n holders copy min(k, n - 1) times
+            copies_needed = sum(min(k, holders[b] - 1) for b, k in writers.items())
+            self._reclaim_launches(self._plan_room(copies_needed))
         copies: list[tuple[int, int]] = []
-        accesses: list[tuple[int, bool]] = []
+        sources: list[tuple[Hashable, int]] = []
+        copied: set[int] = set()
         for req in reqs:
             i = req.issued // B
-            if req.issued < req.reserved and req.issued % B and pool.ref[req.table[i]] > 1:
+            if req.issued < req.reserved and req.issued % B and holders.get(req.table[i], 0) > 1:
                 src = req.table[i]
+                holders[src] -= 1
                 dst = pool.take(req.rid)
                 pool.publish(dst, req.rid)
-                pool.begin_access(src, req.rid, 0)  # the copy reads src until completion
-                accesses.append((src, False))
                 req.table[i] = dst
-                pool.release(src, req.rid)
+                sources.append((req.rid, src))
                 copies.append((src, dst))
-        copied = {dst for _, dst in copies}
+                copied.add(dst)
+        for req in reqs:
+            table = req.table
+            for i in range(req.published, len(table)):
+                if pool.state[table[i]] == ALLOCATED:
+                    pool.publish(table[i], req.rid)
+            req.published = len(table)
+        L = pool.clock[ISSUED]
+        pool.launch(L)
+        # The sources are let go after the launch is numbered: another holder remains (the
+        # last writer of a shared block writes in place, so its ref must be 1 before
+        # begin_write), and whoever lets one go last retires it at a clock > L.
+        for rid, src in sources:
+            pool.release(src, rid)
+        written: list[int] = []
         tables, gens, slots = [], [], []
         seq_lens, query_lens = [], []
         for req in reqs:
-            writes = writes_per_block(B, req.issued, req.reserved)
-            for i, b in enumerate(req.table):
-                if pool.state[b] == ALLOCATED:
-                    pool.publish(b, req.rid)
-                w = writes.get(i, 0)
-                if b in copied and w:
+            for i, w in writes_per_block(B, req.issued, req.reserved).items():
+                b = req.table[i]
+                if b in copied:
                     w += req.issued % B  # the copy writes the shared slots too
-                pool.begin_access(b, req.rid, w)
-                accesses.append((b, w > 0))
+                pool.begin_write(b, req.rid, w)
+                written.append(b)
             slots.extend(slot_mapping(req.table, B, req.issued, req.reserved))
-            tables.append(list(req.table))
+            tables.append(req.table)
             gens.append([pool.gen[b] for b in req.table])
             seq_lens.append(req.reserved)
             query_lens.append(req.reserved - req.issued)
@@ -549,7 +579,6 @@ class BlockAllocator:
         for k, (t, g) in enumerate(zip(tables, gens, strict=True)):
             bt[k, : len(t)] = t
             tg[k, : len(g)] = g
-        self._launches_published += 1
         launch = Launch(
             rids=rids,
             block_tables=bt,
@@ -558,31 +587,37 @@ class BlockAllocator:
             slot_mapping=np.asarray(slots, dtype=np.int64),
             table_generations=tg,
             copies=np.asarray(copies, dtype=np.int32).reshape(-1, 2),
-            accesses=tuple(accesses),
+            writes=tuple(written),
             _on_complete=self._complete,
             _generation_of=lambda: self.pool.gen,
-            seq=self._launches_published,
+            seq=L,
             block_size=B,
         )
-        self._inflight[launch.seq] = launch
+        self._inflight[L] = launch
         return launch
 
     def _complete(self, launch: Launch, strict: bool) -> None:
-        """End the launch's accesses (spec: end_access each, recycling what waited for it)."""
+        """End the launch's writes and the launch (spec: end_write each, complete), then move
+        the watermark as far as it goes (spec: advance: up to the oldest launch in flight),
+        recycling the blocks retired below it."""
         with self._lock:
             if launch.completed:
                 if strict:
                     raise LaunchAlreadyCompleted(f"{launch!r} already completed")
                 return
-            for b, writes in launch.accesses:
-                self.pool.end_access(b, writes)
+            pool = self.pool
+            for b in launch.writes:
+                pool.end_write(b)
+            pool.complete(launch.seq)
             launch.completed = True
             self._inflight.pop(launch.seq, None)
+            pool.advance_watermark()
 
     @_locked
     def reclaim(self) -> int:
-        """Complete the launches whose recorded events are done; reclaimed blocks they pinned
-        become FREE (spec: end_access, recycle). Returns how many blocks became FREE.
+        """Complete the launches whose recorded events are done; reclaimed blocks the
+        watermark then passes become FREE (spec: end_write, complete, advance, recycle).
+        Returns how many blocks became FREE.
 
         Every event is queried before anything changes: if one fails (``EventError``),
         nothing is completed."""
@@ -654,16 +689,17 @@ class BlockAllocator:
         """Exact counts, O(1) per call (kept up to date by every transition). In blocks:
 
         - ``free``: FREE blocks, reusable at once.
-        - ``evictable_now``: zero-ref CACHED blocks no in-flight launch reads: a prefix hit
-          revives them, an allocation may evict and reuse them at once.
-        - ``evictable_after_launches``: CACHED blocks an in-flight launch still reads: a hit may
-          revive them, but they are reused only after those launches complete.
+        - ``evictable_now``: zero-ref CACHED blocks retired below the watermark (no launch that
+          may read them is in flight): a prefix hit revives them, an allocation may evict and
+          reuse them at once.
+        - ``evictable_after_launches``: CACHED blocks retired at a clock the watermark has not
+          reached: a hit may revive them, but they are reused only after every launch
+          published before they were let go completed.
         - ``cached``: all zero-ref CACHED blocks (the two above).
         - ``reclaimed_waiting``: RECLAIMED blocks (no holder, no hash, content invalid) waiting
-          for the in-flight launches that saw them; then FREE.
+          for the watermark to pass their retire clock; then FREE.
         - ``waiting_on_launches``: ``evictable_after_launches + reclaimed_waiting``, the blocks
           that become allocatable only when in-flight launches complete.
-        - ``pinned_by_launches``: blocks, in any state, that an in-flight launch reads or writes.
         - ``held``: blocks some live request's table holds (ref > 0), each counted once.
         - ``allocatable_now``: ``free + evictable_now``, what an allocation can take right now.
         - ``admission_headroom``: ``num_blocks - held``, what becomes allocatable without
@@ -691,7 +727,6 @@ class BlockAllocator:
             "cached": c[CACHED],
             "reclaimed_waiting": c[RECLAIMED],
             "waiting_on_launches": c[RECLAIMED] + busy,
-            "pinned_by_launches": pool.pinned,
             "held": held,
             "allocatable_now": c[FREE] + c[CACHED] - busy,
             "admission_headroom": self.num_blocks - held,

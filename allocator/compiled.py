@@ -222,9 +222,10 @@ class _SymView:
     """The pool's arrays as the spec sees them; reads build source over BlockPool's fields."""
 
     def __init__(self) -> None:
-        for f in ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash",
-                  "queued", "count"):
+        for f in ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash",
+                  "queued", "count", "clock"):
             setattr(self, f, _SymArr(lambda k, f=f: _Sym(f"{f}[{k}]")))
+        self.inflight = _SymArr(lambda k: _Sym(f"({k} in inflight)"))
         self.hmap = _SymArr(lambda k: _Sym(f"hmap.get({k}, {NO_BLOCK})"))
         self.alive = _SymArr(lambda k: _Sym(f"({k} in held)"))
         self.nheld = _SymArr(lambda k: _Sym(f"len(held.get({k}, ()))"))
@@ -238,10 +239,13 @@ class _SymView:
         return _SymPost(changes)
 
 
-_VERIFIED_FIELDS = ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash",
-                    "queued", "count", "hmap")
+_VERIFIED_FIELDS = ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash",
+                    "queued", "count", "hmap", "inflight", "clock")
+# Fields keyed by something else than a block id (not "touched blocks").
+_NOT_BLOCK_KEYED = ("count", "hmap", "inflight", "clock")
 _READ = {f: f"{f}[{{}}]" for f in _VERIFIED_FIELDS}
 _READ["hmap"] = f"hmap.get({{}}, {NO_BLOCK})"
+_READ["inflight"] = "({} in inflight)"
 _CODE_CACHE: dict[Any, Any] = {}
 
 
@@ -309,7 +313,7 @@ def effect_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
                         cond = f"P[{i}] not in ({', '.join(later)},) and {cond}"
                     checks.append(
                         f"    if {cond}: return ({f!r}, P[{i}], P[{i + 1}], {read})")
-                    if f not in ("count", "hmap"):
+                    if f not in _NOT_BLOCK_KEYED:
                         touched.append(f"P[{i}]")
             extra = []
             if "r" in params:
@@ -327,7 +331,8 @@ def effect_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
                                   f"return ('holds', (r, b), P[{i}], not P[{i}])")
             args = ", ".join(params)
             src = (f"def predict({args}):\n    return ({', '.join(values)},)\n"
-                   f"def check(P, {args}):\n" + "\n".join(checks) + "\n    return None\n"
+                   f"def check({', '.join(('P', *params))}):\n" + "\n".join(checks)
+                   + "\n    return None\n"
                    f"def touched(P):\n    return {{{', '.join(touched)}}}\n")
             code = (compile(src, f"<spec {label}, compiled>", "exec"),
                     frozenset(f for f in _VERIFIED_FIELDS if f in post.fields))
@@ -352,8 +357,10 @@ def scrambled_pool(seed: int, num_blocks: int = 6, *, negative: bool = False) ->
     p.compile_spec = False
     n = p.num_blocks
     p.state[:] = [rnd.randrange(6) for _ in range(n)]
-    for arr, hi in ((p.ref, 3), (p.pending, 3), (p.wpend, 3), (p.filled, 5), (p.gen, 3)):
+    for arr, hi in ((p.ref, 3), (p.retire, 4), (p.wpend, 3), (p.filled, 5), (p.gen, 3)):
         arr[:] = [rnd.randrange(-1 if negative else 0, hi) for _ in range(n)]
+    p.clock[:] = [rnd.randrange(-1 if negative else 0, 4) for _ in p.clock]
+    p.inflight.update(L for L in range(4) if rnd.random() < 0.5)
     p.init[:] = [rnd.random() < 0.5 for _ in range(n)]
     p.hash[:] = [rnd.choice((NO_HASH, 11, 12)) for _ in range(n)]
     p.queue.inq[:] = [rnd.random() < 0.5 for _ in range(n)]
@@ -370,7 +377,7 @@ def _probe_pools() -> list[BlockPool]:
 
 _PROBE_BY_KIND = {
     "block": range(6), "holder": ("a", "b", "zz"), "slots": (0, 1, 4, 5),
-    "bool": (False, True), "hash": (NO_HASH, 11, 13),
+    "bool": (False, True), "hash": (NO_HASH, 11, 13), "launch": (0, 1, 2, 3),
 }
 # Probe values per parameter name, from the kinds the spec declares.
 _PROBE_VALUES = {name: _PROBE_BY_KIND[kind] for name, kind in PARAM_KINDS.items()}
@@ -440,15 +447,24 @@ def effect_agrees(t: Any, code: Any) -> bool:
 
 def _apply(dst: BlockPool, pre: BlockPool, post: PoolState, kw: dict[str, Any]) -> None:
     """dst := pre's arrays with the interpreted post-state's writes applied."""
-    for f in ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash", "count"):
+    for f in ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "count",
+              "clock"):
         getattr(dst, f)[:] = getattr(pre, f)
     dst.queue.inq[:] = pre.queue.inq
+    dst.inflight.clear()
+    dst.inflight.update(pre.inflight)
+    if isinstance(post.inflight, Overlay):
+        for L, v in post.inflight.changes().items():
+            if v:
+                dst.inflight.add(L)
+            else:
+                dst.inflight.discard(L)
     dst.hmap.clear()
     dst.hmap.update(pre.hmap)
     dst.held.clear()
     dst.held.update({r: set(bs) for r, bs in pre.held.items()})
-    for f in ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash", "count",
-              "queued"):
+    for f in ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "count",
+              "queued", "clock"):
         value = getattr(post, f)
         if isinstance(value, Overlay):
             arr = dst.queue.inq if f == "queued" else getattr(dst, f)

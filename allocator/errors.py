@@ -66,7 +66,9 @@ class DoubleFree(GuardViolation):
 
 
 class PendingAccess(GuardViolation):
-    """A block would be recycled while a launch that saw it is still pending."""
+    """A block would be reused (allocated or recycled) while a launch that may have seen it is
+    still in flight: it was retired at a launch clock the watermark has not reached, or a
+    write to it is pending."""
 
 
 class PublishError(GuardViolation):

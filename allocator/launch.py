@@ -1,4 +1,4 @@
-"""Launch: the arrays handed to kernels for one forward step, and the pins they hold."""
+"""Launch: the arrays handed to kernels for one forward step, and the blocks it pins."""
 
 from __future__ import annotations
 
@@ -18,14 +18,19 @@ class Event(Protocol):
 
 
 class LaunchAlreadyCompleted(AllocatorError):
-    """``complete()`` on a launch that already completed: its pins were released once."""
+    """``complete()`` on a launch that already completed: it was completed once."""
 
 
 @dataclass(eq=False, repr=False)
 class Launch:
     """One step's block tables, sequence lengths and slot mapping, pinned until completion.
 
-    ``seq`` numbers launches in publish order (per allocator, from 1).
+    ``seq`` is the spec's launch number ``L``: launches are numbered in publish order, per
+    allocator, from 0 (``seq`` is ``pool.clock[ISSUED]`` when it is published). Every block
+    its tables name stays unreusable until every launch numbered up to ``seq`` completed (the
+    watermark passes it). ``writes`` are the blocks it writes (spec: begin_write each,
+    end_write at completion), one entry per written block, copy-on-write destinations
+    included.
 
     Concurrency: ``complete()`` (and ``reclaim()``'s polling of recorded events) may be called
     from any thread; the allocator serializes them with its own lock, so a launch completes
@@ -45,7 +50,7 @@ class Launch:
     slot_mapping: np.ndarray
     table_generations: np.ndarray
     copies: np.ndarray
-    accesses: Sequence[tuple[int, bool]] = field(repr=False)
+    writes: Sequence[int] = field(repr=False)
     _on_complete: Callable[[Launch, bool], None] = field(repr=False)
     _generation_of: Callable[[], Sequence[int]] = field(repr=False)
     seq: int = 0
@@ -82,8 +87,9 @@ class Launch:
         return self.completed
 
     def complete(self) -> None:
-        """The kernels that used these tables are done: unpin (spec: end_access per block).
-        ``LaunchAlreadyCompleted`` if it already completed (its pins were released once)."""
+        """The kernels that used these tables are done (spec: end_write per written block,
+        complete, then advance the watermark as far as it goes). ``LaunchAlreadyCompleted`` if
+        it already completed."""
         self._on_complete(self, True)
 
     def to_flashinfer(self) -> Any:

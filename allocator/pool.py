@@ -9,7 +9,8 @@ touched block, never a pool scan.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections import deque
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -22,12 +23,14 @@ from pagedkv.spec import (
     CONCRETE,
     FREE,
     INVARIANTS,
+    ISSUED,
     NO_BLOCK,
     NO_HASH,
     PUBLISHED,
     RECLAIMED,
     REFERENCED,
     TRANSITIONS,
+    WATERMARK,
     Arr,
     Overlay,
     PoolState,
@@ -60,7 +63,7 @@ _GUARD_ERRORS: dict[str, type[GuardViolation]] = {
     "recycle": PendingAccess,
     "allocate": PendingAccess,
     "publish": PublishError,
-    "begin_access": PublishError,
+    "begin_write": PublishError,
 }
 
 
@@ -93,6 +96,14 @@ def local_invariants() -> list[Any]:
     z3 proof that the invariant is inductive, and ``check_invariants()`` scans it."""
     return [inv for inv in INVARIANTS.values()
             if inv.scope in ("block", "hash") and not _sums_over_pool(inv)]
+
+
+def clock_invariants() -> list[Any]:
+    """The launch-scoped invariants and the pool-wide ones that sum over nothing (the
+    watermark's bounds): checked mode re-evaluates them after each transition that moves the
+    clock or a launch's flag, at that launch (O(1))."""
+    return [inv for inv in INVARIANTS.values()
+            if inv.scope == "launch" or (inv.scope == "pool" and not _sums_over_pool(inv))]
 
 
 class _DefaultMap:
@@ -144,6 +155,22 @@ class _NHeld(_Alive):
         return 0 if blocks is None else len(blocks)
 
 
+class _InFlight:
+    """Read-only ``inflight[L]`` over the set of launch numbers in flight; ``items()`` yields
+    ``(L, True)`` for each of them (what ``spec.check.launch_ids`` enumerates)."""
+
+    __slots__ = ("_launches",)
+
+    def __init__(self, launches: set[int]) -> None:
+        self._launches = launches
+
+    def __getitem__(self, L: Any) -> bool:
+        return L in self._launches
+
+    def items(self) -> Iterator[tuple[int, bool]]:
+        return ((L, True) for L in sorted(self._launches))
+
+
 class BlockPool:
     """Physical blocks, their lifecycle states, the eviction queue and the prefix-hash map."""
 
@@ -167,7 +194,8 @@ class BlockPool:
         self.checked = checked
         self.state = [FREE] * n
         self.ref = [0] * n
-        self.pending = [0] * n
+        # The launch clock when the block's last holder let it go (spec ``retire``).
+        self.retire = [0] * n
         self.wpend = [0] * n
         self.filled = [0] * n
         self.gen = [0] * n
@@ -178,26 +206,34 @@ class BlockPool:
         self.count = [0] * len(ALL_STATES)
         self.count[FREE] = n
         self.queue = BlockQueue(n)
-        # CACHED blocks that a pending launch still reads: evictable, but not reusable yet.
+        # Launch numbers in flight (spec ``inflight[L]``); ``clock[ISSUED]``: launches published
+        # so far (the next number), ``clock[WATERMARK]``: every launch below it has completed.
+        self.inflight: set[int] = set()
+        self.clock = [0, 0]
+        # (stamp, b) each time a block is retired above the watermark; stamps never decrease
+        # (FIFO). Drained as the watermark passes them: see ``_drain``.
+        self.retire_queue: deque[tuple[int, int]] = deque()
+        # CACHED blocks retired above the watermark (a launch that may read them has not
+        # completed): evictable, but not reusable yet.
         self.cached_busy = 0
-        # Blocks (any state) that at least one pending launch reads or writes.
-        self.pinned = 0
         # Set to a list to record every transition performed as (name, params).
         self.trace: list[tuple[str, dict[str, Any]]] | None = None
         # Compiled spec functions for this pool's arrays (see compiled.py); per name:
         # (transition, guard, predict, check, touched, fields written). False: interpret.
         self.compile_spec = True
         # Checked mode: the transition's own block as it was before the transition (frame).
-        self._pre: tuple[int, tuple[Any, ...]] | None = None
-        self._block_arrays = (self.state, self.ref, self.pending, self.wpend, self.filled,
+        # (block or None, its fields or None, clock, number of launches in flight).
+        self._pre: tuple[Any, ...] | None = None
+        self._block_arrays = (self.state, self.ref, self.retire, self.wpend, self.filled,
                               self.gen, self.init, self.hash, self.queue.inq)
         self._fast: dict[str, tuple[Any, ...]] = {}
         self._invs: list[tuple[str, str, Any]] | None = None
+        self._clock_invs: list[tuple[str, str, Any]] | None = None
         self._all_invariants_hold: Any = None
         self.view = PoolState(
             state=self.state,
             ref=self.ref,
-            pending=self.pending,
+            retire=self.retire,
             wpend=self.wpend,
             filled=self.filled,
             gen=self.gen,
@@ -209,6 +245,8 @@ class BlockPool:
             alive=_Alive(self.held),
             nheld=_NHeld(self.held),
             count=self.count,
+            inflight=_InFlight(self.inflight),
+            clock=self.clock,
             block_size=block_size,
             num_blocks=n,
             block_ids=range(n),  # type: ignore[arg-type]
@@ -218,9 +256,10 @@ class BlockPool:
     # ---- the guard/effect protocol ------------------------------------------------------------
     def _namespace(self) -> dict[str, Any]:
         return {
-            "state": self.state, "ref": self.ref, "pending": self.pending, "wpend": self.wpend,
+            "state": self.state, "ref": self.ref, "retire": self.retire, "wpend": self.wpend,
             "filled": self.filled, "gen": self.gen, "init": self.init, "hash": self.hash,
             "queued": self.queue.inq, "count": self.count, "hmap": self.hmap, "held": self.held,
+            "inflight": self.inflight, "clock": self.clock,
             "block_size": self.block_size, "num_blocks": self.num_blocks,
             "len": len, "bool": bool, "int": int, "sum": sum, "range": range,
         }
@@ -273,11 +312,13 @@ class BlockPool:
             self.trace.append((name, dict(zip(t.params, args, strict=True))))
         if not self.checked:
             return None
+        clock = self.clock
         if "b" in t.params:
             b = args[t.params.index("b")]
-            self._pre = (b, tuple(arr[b] for arr in self._block_arrays))
+            self._pre = (b, tuple(arr[b] for arr in self._block_arrays), clock[0], clock[1],
+                         len(self.inflight))
         else:
-            self._pre = None
+            self._pre = (None, None, clock[0], clock[1], len(self.inflight))
         if entry[2] is not None:
             return entry[2](*args)
         return t.effect(CONCRETE, self.view, **dict(zip(t.params, args, strict=True)))
@@ -300,22 +341,62 @@ class BlockPool:
             else:
                 detail = f"{field}[{key}] is {real!r}, the spec says {expected!r}"
             raise InvariantViolation(f"refines:{name}", detail)
-        self._check_frame(name, entry[5])
+        written = entry[5]
+        self._check_frame(name, written)
         self._check_invariants(name, entry[4](predicted))
+        if "clock" in written or "inflight" in written:
+            self._check_clock_invariants(name, args[0] if TRANSITIONS[name].params == ("L",)
+                                         else None)
 
     def _check_frame(self, name: str, written: Iterable[str]) -> None:
-        """Fields of the transition's own block that the spec's effect leaves alone must be
-        unchanged (a stray side effect is a refinement failure, not just a wrong value)."""
+        """Fields of the transition's own block, the clock and the launches in flight that the
+        spec's effect leaves alone must be unchanged (a stray side effect is a refinement
+        failure, not just a wrong value)."""
         if self._pre is None:
             return
-        b, before = self._pre
+        b, before, issued, watermark, inflight = self._pre
         self._pre = None
-        for field, arr, old in zip(BLOCK_FIELDS, self._block_arrays, before, strict=True):
-            if field not in written and arr[b] != old:
-                raise InvariantViolation(
-                    f"refines:{name}",
-                    f"{field}[{b}] changed from {old!r} to {arr[b]!r}; the spec leaves it",
-                )
+        if before is not None:
+            for field, arr, old in zip(BLOCK_FIELDS, self._block_arrays, before, strict=True):
+                if field not in written and arr[b] != old:
+                    raise InvariantViolation(
+                        f"refines:{name}",
+                        f"{field}[{b}] changed from {old!r} to {arr[b]!r}; the spec leaves it",
+                    )
+        if "clock" not in written and (issued, watermark) != (self.clock[0], self.clock[1]):
+            raise InvariantViolation(
+                f"refines:{name}",
+                f"clock changed from {[issued, watermark]} to {self.clock}; the spec leaves it",
+            )
+        if "inflight" not in written and inflight != len(self.inflight):
+            raise InvariantViolation(
+                f"refines:{name}", "the launches in flight changed; the spec leaves them")
+
+    def _check_clock_invariants(self, name: str, L: Any) -> None:
+        """The launch-scoped invariants at the transition's launch (or the watermark) and the
+        pool-wide ones that sum over nothing, after a transition that moved the clock."""
+        invs = self._clock_invs
+        if invs is None:
+            invs = self._clock_invs = self._bind_clock_invariants()
+        at = self.clock[WATERMARK] if L is None else L
+        for inv_name, scope, pred in invs:
+            if not (pred(at) if scope == "launch" else pred()):
+                where = f"launch {at}" if scope == "launch" else "the clock"
+                raise InvariantViolation(inv_name, f"{where} after {name}")
+
+    def _bind_clock_invariants(self) -> list[tuple[str, str, Any]]:
+        out = []
+        for inv in clock_invariants():
+            params = ("L",) if inv.scope == "launch" else ()
+            code = (predicate_code(inv.pred, params, f"invariant {inv.name}")
+                    if self.compile_spec else None)
+            if code is not None and predicate_agrees(inv.pred, params, code):
+                fn = eval(code, self._namespace())
+            else:
+                def fn(*x: Any, _p: Any = inv.pred) -> Any:
+                    return _p(CONCRETE, self.view, *x)
+            out.append((inv.name, inv.scope, fn))
+        return out
 
     def _check_invariants(self, name: str, blocks: Iterable[int]) -> None:
         invs = self._invs
@@ -358,8 +439,8 @@ class BlockPool:
 
     def _verify_interpreted(self, name: str, predicted: PoolState, **params: Any) -> None:
         touched_blocks: set[Any] = set()
-        for field in ("state", "ref", "pending", "wpend", "filled", "gen", "init", "hash",
-                      "queued", "count"):
+        for field in ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash",
+                      "queued", "count", "clock"):
             value = getattr(predicted, field)
             if isinstance(value, Overlay):
                 real = getattr(self.view, field)
@@ -369,8 +450,15 @@ class BlockPool:
                             f"refines:{name}",
                             f"{field}[{key}] is {real[key]!r}, the spec says {expected!r}",
                         )
-                    if field != "count":
+                    if field not in ("count", "clock"):
                         touched_blocks.add(key)
+        if isinstance(predicted.inflight, Overlay):
+            for L, expected in predicted.inflight.changes().items():
+                if (L in self.inflight) != bool(expected):
+                    raise InvariantViolation(
+                        f"refines:{name}",
+                        f"inflight[{L}] is {L in self.inflight}, the spec says {expected!r}",
+                    )
         if isinstance(predicted.hmap, Overlay):
             for h, expected in predicted.hmap.changes().items():
                 if self.view.hmap[h] != expected:
@@ -383,10 +471,15 @@ class BlockPool:
             if self.view.holds[r][b] != bool(predicted.holds[r][b]):
                 raise InvariantViolation(f"refines:{name}", f"holds[{r!r}][{b}] differs")
         b = params.get("b")
-        self._check_frame(name, [f for f in BLOCK_FIELDS
-                                 if isinstance(getattr(predicted, f), Overlay)
-                                 and b in getattr(predicted, f).changes()])
+        written = [f for f in BLOCK_FIELDS
+                   if isinstance(getattr(predicted, f), Overlay)
+                   and b in getattr(predicted, f).changes()]
+        written += [f for f in ("clock", "inflight")
+                    if isinstance(getattr(predicted, f), Overlay)]
+        self._check_frame(name, written)
         self._check_invariants(name, touched_blocks)
+        if "clock" in written or "inflight" in written:
+            self._check_clock_invariants(name, params.get("L"))
 
     def _describe(self, t: Any, params: dict[str, Any]) -> str:
         """The guard's failed conditions in words, then the call's arguments."""
@@ -441,38 +534,63 @@ class BlockPool:
         self._move(b, PUBLISHED)
         self._verify("publish", predicted, b, r)
 
-    def begin_access(self, b: int, r: Hashable, w: int) -> None:
-        """spec: begin_access — a launch through r's table reads b, or writes w of its slots."""
+    def begin_write(self, b: int, r: Hashable, w: int) -> None:
+        """spec: begin_write — a launch through r's table writes w > 0 slots of its exclusive
+        PUBLISHED block b (reads are not tracked per block: see ``launch``)."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
             b = self.check_block_id(b)
         if type(w) is not int or not 0 <= w <= self.block_size:
             w = check_count(w, "w (slots written)", self.block_size)
-        predicted = self._enter("begin_access", b, r, w)
-        if self.pending[b] == 0:
-            self.pinned += 1
-        self.pending[b] += 1
-        if w > 0:
-            self.wpend[b] += 1
-            self.filled[b] += w
-        self._verify("begin_access", predicted, b, r, w)
+        predicted = self._enter("begin_write", b, r, w)
+        self.wpend[b] += 1
+        self.filled[b] += w
+        self._verify("begin_write", predicted, b, r, w)
 
-    def end_access(self, b: int, writes: bool) -> None:
-        """spec: end_access; then recycles b if it was reclaimed and nothing else reads it."""
+    def end_write(self, b: int) -> None:
+        """spec: end_write — a launch that wrote b completed its write; then recycles b if it
+        was reclaimed and the watermark passed its retire clock."""
         if type(b) is not int or not 0 <= b < self.num_blocks:
             b = self.check_block_id(b)
-        if not isinstance(writes, bool | np.bool_):
-            raise InvalidArgument(f"writes must be a bool, got {type(writes).__name__}")
-        writes = bool(writes)
-        predicted = self._enter("end_access", b, writes)
-        self.pending[b] -= 1
-        if self.pending[b] == 0:
-            self.pinned -= 1
-        if writes:
-            self.wpend[b] -= 1
-        if self.state[b] == CACHED and self.pending[b] == 0:
-            self.cached_busy -= 1
-        self._verify("end_access", predicted, b, writes)
+        predicted = self._enter("end_write", b)
+        self.wpend[b] -= 1
+        self._verify("end_write", predicted, b)
         self._recycle_if_safe(b)
+
+    def launch(self, L: int) -> None:
+        """spec: launch — launch number L (``clock[ISSUED]``, the next one) is published; it
+        may read every block any holder holds now."""
+        if type(L) is not int or L < 0:
+            L = check_count(L, "launch number")
+        predicted = self._enter("launch", L)
+        self.inflight.add(L)
+        self.clock[ISSUED] += 1
+        self._verify("launch", predicted, L)
+
+    def complete(self, L: int) -> None:
+        """spec: complete — launch L's kernels are done (launches complete in any order)."""
+        if type(L) is not int or L < 0:
+            L = check_count(L, "launch number")
+        predicted = self._enter("complete", L)
+        self.inflight.discard(L)
+        self._verify("complete", predicted, L)
+
+    def advance(self) -> None:
+        """spec: advance — the watermark passes the oldest launch, which completed; then the
+        blocks retired at the new watermark stop waiting (reclaimed ones are recycled)."""
+        predicted = self._enter("advance")
+        self.clock[WATERMARK] += 1
+        self._verify("advance", predicted)
+        self._drain()
+
+    def advance_watermark(self) -> int:
+        """``advance`` as far as its guard allows (up to the oldest launch in flight, or the
+        clock); returns how many times it advanced."""
+        guard = self._entry("advance")[1]
+        n = 0
+        while guard():
+            self.advance()
+            n += 1
+        return n
 
     def rewind(self, b: int, r: Hashable, k: int) -> None:
         """spec: rewind — r keeps only the first k written slots of its PUBLISHED block b."""
@@ -504,7 +622,7 @@ class BlockPool:
         if self.state[b] == CACHED:
             self.queue.unlink(b)
             self._move(b, REFERENCED)
-            if self.pending[b] > 0:
+            if self.retire[b] > self.clock[WATERMARK]:
                 self.cached_busy -= 1
         self.ref[b] += 1
         self.held[r].add(b)
@@ -518,10 +636,16 @@ class BlockPool:
         self.ref[b] -= 1
         self.held[r].discard(b)
         if self.ref[b] == 0:
+            stamp = self.clock[ISSUED]
+            busy = stamp > self.clock[WATERMARK]  # a launch that may read b is in flight
+            if busy and self.retire[b] != stamp:
+                # (an entry (stamp, b) is queued already when b was retired at this stamp)
+                self.retire_queue.append((stamp, b))
+            self.retire[b] = stamp
             if self.state[b] == REFERENCED:
                 self._move(b, CACHED)
                 self.queue.push_tail(b)
-                if self.pending[b] > 0:
+                if busy:
                     self.cached_busy += 1
             else:
                 self._invalidate(b)
@@ -534,12 +658,13 @@ class BlockPool:
             b = self.check_block_id(b)
         predicted = self._enter("evict", b)
         self.queue.unlink(b)
-        if self.pending[b] > 0:
-            self.cached_busy -= 1
+        if self.retire[b] > self.clock[WATERMARK]:
+            self.cached_busy -= 1  # still queued in the retire queue: recycled at its drain
         del self.hmap[self.hash[b]]
         self.hash[b] = NO_HASH
         self._invalidate(b)
         self._verify("evict", predicted, b)
+        self._recycle_if_safe(b)
 
     def recycle(self, b: int) -> None:
         """spec: recycle — RECLAIMED -> FREE, to the head of the queue (reused first)."""
@@ -560,21 +685,44 @@ class BlockPool:
         if self.state[b] == RECLAIMED and self._entry("recycle")[1](b):
             self.recycle(b)
 
+    def _drain(self) -> None:
+        """The retire-queue entries the watermark has passed: a block still RECLAIMED at that
+        stamp is recycled (once its writes ended: else ``end_write`` recycles it), a block
+        still CACHED at that stamp stops counting as busy. An entry whose block was retired
+        again later (another stamp) or revived is stale and dropped."""
+        q, retire, state = self.retire_queue, self.retire, self.state
+        watermark = self.clock[WATERMARK]
+        while q and q[0][0] <= watermark:
+            stamp, b = q.popleft()
+            if retire[b] != stamp:
+                continue
+            st = state[b]
+            if st == CACHED:
+                self.cached_busy -= 1
+            elif st == RECLAIMED:
+                self._recycle_if_safe(b)
+
     # ---- composite helpers -------------------------------------------------------------------
+    def busy(self, b: int) -> bool:
+        """Whether b was retired at a clock the watermark has not reached: a launch that may
+        still read it is in flight, so it is not reusable yet (a CACHED one may be revived)."""
+        return self.retire[b] > self.clock[WATERMARK]
+
     def usable(self) -> int:
-        """Blocks an allocation can take now: FREE ones and CACHED ones no launch reads."""
+        """Blocks an allocation can take now: FREE ones and CACHED ones that are not busy."""
         return self.count[FREE] + self.count[CACHED] - self.cached_busy
 
     def waiting(self) -> int:
         """Blocks that become usable only when in-flight launches complete: RECLAIMED ones and
-        CACHED ones a pending launch still reads."""
+        busy CACHED ones (retired while a launch that may read them was in flight)."""
         return self.count[RECLAIMED] + self.cached_busy
 
     def take(self, r: Hashable) -> int:
         """Allocate the queue's head for r, evicting cached blocks on the way (LRU order).
 
-        The caller has checked ``usable()``; a CACHED head that a pending launch still reads is
-        evicted (it becomes FREE when that launch completes) and the walk goes on.
+        The caller has checked ``usable()``; a busy CACHED head is evicted (it becomes FREE
+        when the watermark passes its retire clock) and the walk goes on; an idle one is
+        evicted, recycled to the head and taken.
         """
         while True:
             b = self.queue.head()
@@ -582,7 +730,6 @@ class BlockPool:
                 raise AssertionError("take() on an exhausted pool")
             if self.state[b] == CACHED:
                 self.evict(b)
-                self._recycle_if_safe(b)
                 continue
             self.allocate(b, r)
             return b
@@ -602,7 +749,7 @@ class BlockPool:
         return PoolState(
             state=arr(self.state, FREE),
             ref=arr(self.ref, 0),
-            pending=arr(self.pending, 0),
+            retire=arr(self.retire, 0),
             wpend=arr(self.wpend, 0),
             filled=arr(self.filled, 0),
             gen=arr(self.gen, 0),
@@ -615,6 +762,8 @@ class BlockPool:
             alive=Arr(False, dict.fromkeys(self.held, True)),
             nheld=Arr(0, {r: len(bs) for r, bs in self.held.items()}),
             count=arr(self.count, 0),
+            inflight=Arr(False, dict.fromkeys(self.inflight, True)),
+            clock=Arr(0, {ISSUED: self.clock[ISSUED], WATERMARK: self.clock[WATERMARK]}),
             block_size=self.block_size,
             num_blocks=n,
             block_ids=tuple(range(n)),
@@ -622,13 +771,30 @@ class BlockPool:
         )
 
     def structure_errors(self) -> list[tuple[str, str]]:
-        """Implementation facts the spec abstracts away (queue links, busy counter)."""
+        """Implementation facts the spec abstracts away (queue links, the busy counter, the
+        retire queue)."""
         errors = [("queue_is_free_and_cached", e) for e in self.queue.structure_errors()]
+        watermark = self.clock[WATERMARK]
         busy = sum(1 for b in range(self.num_blocks)
-                   if self.state[b] == CACHED and self.pending[b] > 0)
+                   if self.state[b] == CACHED and self.retire[b] > watermark)
         if busy != self.cached_busy:
             errors.append(("conservation", f"cached_busy {self.cached_busy} != {busy}"))
-        pinned = sum(1 for b in range(self.num_blocks) if self.pending[b] > 0)
-        if pinned != self.pinned:
-            errors.append(("conservation", f"pinned {self.pinned} != {pinned}"))
+        stamps = [stamp for stamp, _ in self.retire_queue]
+        if stamps != sorted(stamps) or (stamps and stamps[0] <= watermark):
+            errors.append(("reused_after_its_readers",
+                           f"retire queue stamps {stamps[:8]} not increasing above the "
+                           f"watermark {watermark}"))
+        entries = set(self.retire_queue)
+        for b in range(self.num_blocks):
+            st, stamp = self.state[b], self.retire[b]
+            if st not in (CACHED, RECLAIMED):
+                continue
+            if stamp > watermark:
+                if (stamp, b) not in entries:
+                    errors.append(("reused_after_its_readers",
+                                   f"block {b} retired at {stamp} has no retire-queue entry"))
+            elif st == RECLAIMED and self.wpend[b] == 0:
+                errors.append(("reused_after_its_readers",
+                               f"block {b} is RECLAIMED but recyclable (retired at {stamp}, "
+                               f"watermark {watermark})"))
         return errors

@@ -17,7 +17,7 @@ Workloads (mirroring ../shared/anchors/vllm_blockpool/bench.py, which times vLLM
   Request carries them).
   ``life`` (vLLM "full lifecycle": lookup, touch, allocate the rest, cache the new full blocks,
   free). pagedkv's commit requires the block's writing launch to have completed, so its pool
-  lifecycle also performs publish + begin_access(write) + end_access on each new block, and
+  lifecycle also performs publish + begin_write + end_write on each new block, and
   the allocator lifecycle is add_request (hashing) + allocate + publish + Launch.complete +
   commit + free; publish/complete (building the numpy launch arrays) is timed apart too.
 - hashing: pagedkv's block_hash on the requests' blocks (hashes/s), every block hashed.
@@ -111,8 +111,8 @@ def chain(tokens: list[int]) -> list[int]:
 def _pool_write(p: BlockPool, b: int, r: object) -> None:
     """What pagedkv requires before commit: published, written by a completed launch."""
     p.publish(b, r)
-    p.begin_access(b, r, B)
-    p.end_access(b, True)
+    p.begin_write(b, r, B)
+    p.end_write(b)
 
 
 def _pool_request(p: BlockPool, r: object, toks: list[int], hashes: list[int]) -> int:

@@ -3,11 +3,16 @@
 The edges are not read from the doc strings: they are found by running the spec. Breadth-first
 from ``spec.initial_state``, every transition of ``spec.TRANSITIONS`` is tried with every
 parameter value of a small pool (``blocks`` blocks, ``holders`` holders, ``block_size``
-slots, the hashes ``hashes``, at most ``max_pending`` launches in flight), its guard
-evaluated and its effect applied on concrete values (``CONCRETE`` ops, as ``spec.check.step``
-does). Each firing on block ``b`` records the edge ``state[b] before -> state[b] after``;
-``open_holder``/``close_holder`` record ``alive[r]`` before and after. The generation counter
-``gen`` is left out of the visited-state key (no guard reads it; it only counts history).
+slots, the hashes ``hashes``, at most ``max_inflight`` launches in flight and ``max_window``
+issued past the watermark), its guard evaluated and its effect applied on concrete values
+(``CONCRETE`` ops, as ``spec.check.step`` does). Each firing of a transition that takes a
+block ``b`` records the edge ``state[b] before -> state[b] after``; one that takes a holder and
+no block (``open_holder``/``close_holder``) records ``alive[r]`` before and after; one that
+takes neither (``launch``, ``complete``, ``advance``) records an edge for every block whose state
+it changes - none: they move the clock, not blocks. The generation counter ``gen`` is left out
+of the visited-state key (no guard reads it; it only counts history), and states are kept as
+seen from their watermark (``proofs.epochs.normalize``), so the launch clock does not make the
+search infinite.
 
 Edge labels (``edge_label``): the transition's name; a qualifier where one transition leaves
 a state for two different states, told apart by the block's reference count before it fired
@@ -70,20 +75,23 @@ def doc_words(doc: str) -> str:
 
 
 def _key(s: Any, blocks: tuple[int, ...], holders: tuple[int, ...], hashes: tuple[int, ...],
-         states: tuple[int, ...]) -> tuple[Any, ...]:
+         states: tuple[int, ...], launches: tuple[int, ...]) -> tuple[Any, ...]:
+    from pagedkv.spec import BLOCK_FIELDS, ISSUED, WATERMARK
+
     per_block = tuple(tuple(getattr(s, f)[b] for b in blocks)
-                      for f in ("state", "ref", "pending", "wpend", "filled", "init", "hash",
-                                "queued"))
+                      for f in BLOCK_FIELDS if f != "gen")
     return (per_block, tuple(s.hmap[h] for h in hashes),
             tuple(tuple(bool(s.holds[r][b]) for b in blocks) for r in holders),
             tuple(bool(s.alive[r]) for r in holders), tuple(s.nheld[r] for r in holders),
-            tuple(s.count[x] for x in states))
+            tuple(s.count[x] for x in states), (s.clock[ISSUED], s.clock[WATERMARK]),
+            tuple(bool(s.inflight[L]) for L in launches))
 
 
 def derive(blocks: int = 1, holders: int = 2, block_size: int = 1,
-           hashes: tuple[int, ...] = (1,), max_pending: int = 2,
+           hashes: tuple[int, ...] = (1,), max_inflight: int = 2, max_window: int = 2,
            progress: Callable[[int], Any] | None = None) -> Lifecycle:
     """Explore the spec on a small pool and collect the lifecycle edges it exercises."""
+    from pagedkv.proofs import epochs
     from pagedkv.spec import (
         ALL_STATES,
         CONCRETE,
@@ -96,8 +104,11 @@ def derive(blocks: int = 1, holders: int = 2, block_size: int = 1,
 
     block_ids, holder_ids = tuple(range(blocks)), tuple(range(holders))
     all_hashes = (NO_HASH, *hashes)
+    launches = tuple(range(max_window + 1))  # states seen from the watermark: it is 0
     by_kind = {"block": block_ids, "holder": holder_ids, "hash": all_hashes,
-               "slots": tuple(range(block_size + 1)), "bool": (False, True)}
+               "slots": tuple(range(block_size + 1)), "bool": (False, True),
+               "launch": launches}
+    kinds = {p: PARAM_KINDS[p] for p in PARAM_KINDS}
     domains = {name: by_kind[kind] for name, kind in PARAM_KINDS.items()}
     moves = []
     for name, t in TRANSITIONS.items():
@@ -109,7 +120,7 @@ def derive(blocks: int = 1, holders: int = 2, block_size: int = 1,
             moves.append((name, t, dict(zip(t.params, values, strict=True))))
 
     init = initial_state(blocks, block_size, holder_ids)
-    seen = {_key(init, block_ids, holder_ids, all_hashes, ALL_STATES)}
+    seen = {_key(init, block_ids, holder_ids, all_hashes, ALL_STATES, launches)}
     queue = deque([init])
     found: dict[tuple[str, str, str], set[int]] = {}  # (name, from, to) -> refs before
     holder_found: set[tuple[str, str, str]] = set()
@@ -119,16 +130,24 @@ def derive(blocks: int = 1, holders: int = 2, block_size: int = 1,
             if not t.guard(CONCRETE, s, **p):
                 continue
             s2 = t.effect(CONCRETE, s, **p).flattened()
-            if sum(s2.pending[b] for b in block_ids) > max_pending:
-                continue
-            if "b" in p:
-                b = p["b"]
+            if (len(epochs.in_flight(s2)) > max_inflight
+                    or epochs.window(s2) > max_window):
+                continue  # the launch bounds
+            block_ps = [v for q, v in p.items() if kinds.get(q) == "block"]
+            holder_ps = [v for q, v in p.items() if kinds.get(q) == "holder"]
+            if block_ps:
+                moved = block_ps[:1]
+            elif holder_ps:
+                r = holder_ps[0]
+                holder_found.add((name, _holder(s.alive[r]), _holder(s2.alive[r])))
+                moved = []
+            else:
+                moved = [b for b in block_ids if s.state[b] != s2.state[b]]
+            for b in moved:
                 edge = (name, state_name(s.state[b]), state_name(s2.state[b]))
                 found.setdefault(edge, set()).add(s.ref[b])
-            else:
-                r = p["r"]
-                holder_found.add((name, _holder(s.alive[r]), _holder(s2.alive[r])))
-            k = _key(s2, block_ids, holder_ids, all_hashes, ALL_STATES)
+            s2 = epochs.normalize(s2)
+            k = _key(s2, block_ids, holder_ids, all_hashes, ALL_STATES, launches)
             if k not in seen:
                 seen.add(k)
                 queue.append(s2)
@@ -154,7 +173,8 @@ def derive(blocks: int = 1, holders: int = 2, block_size: int = 1,
                     for (n, a, b) in sorted(holder_found, key=lambda e: order.index(e[0]))]
     return Lifecycle(state_order, edges, holder_edges, len(seen),
                      {"blocks": blocks, "holders": holders, "block_size": block_size,
-                      "hashes": list(hashes), "max_pending": max_pending})
+                      "hashes": list(hashes), "max_inflight": max_inflight,
+                      "max_window": max_window})
 
 
 def _holder(alive: Any) -> str:

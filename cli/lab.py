@@ -8,16 +8,16 @@ reusable identity ``i mod s``, committed under the hash ``identity + 1`` (hash 0
 - hit: a zero-ref CACHED block holds that identity (``pool.lookup``): ``share`` revives it,
   ``release`` caches it again at the tail of the queue (most recently used);
 - miss: ``pool.take`` allocates the queue's head (FREE blocks first, then the least recently
-  released CACHED block, which is evicted), then ``publish``, ``begin_access`` writing all
-  ``block_size`` slots, ``end_access``, ``commit`` under the identity's hash and ``release``.
+  released CACHED block, which is evicted), then ``publish``, ``begin_write`` of all
+  ``block_size`` slots, ``end_write``, ``commit`` under the identity's hash and ``release``.
 
 The lab is a pure function of ``(C, s, t)`` (and the block size, which changes nothing but
 the writes): every run starts from an empty pool, so changing ``C`` or ``s`` starts over and
 ``t`` only says how many requests are replayed from the start.
 
-What it does not model: token positions, request tables, device addresses, pins (launches
-still pending while a block is evicted) or completion events; every launch completes before
-the next request.
+What it does not model: token positions, request tables, device addresses, launches (none
+is ever in flight, so a released block is reusable at once) or completion events; every write
+completes before the next request.
 """
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ def run_lab(capacity: int, stride: int, t: float = 0.0, block_size: int = 16,
                 result.evictions += len(gone)
                 evicted = min(gone) - 1
             pool.publish(b, HOLDER)
-            pool.begin_access(b, HOLDER, block_size)
-            pool.end_access(b, True)
+            pool.begin_write(b, HOLDER, block_size)
+            pool.end_write(b)
             pool.commit(b, HOLDER, h)
             pool.release(b, HOLDER)
             result.misses += 1

@@ -34,10 +34,12 @@ Deliberate differences from vLLM 0.33.0 (each one is a safety rule or a scope li
 4. **The null block.** Like vLLM, ``num_blocks`` counts a null block: block 0 is never handed
    out (a private holder keeps it), so ids and ``usage`` match vLLM's (``num_blocks - 1``
    usable). ``null_block=False`` uses every block.
-5. **Pins.** Blocks an in-flight launch still reads are not reusable until it completes:
-   a freed block waits (``stats()["reclaimed_waiting"]``) and capacity checks count only
-   blocks allocatable now (FREE, idle cached, and what completed launches release). They
-   count as not in use in ``usage`` and ``get_num_free_blocks`` (no request holds them).
+5. **Pins.** A launch pins, by its number, every block held when it is published: a block
+   freed while such a launch is in flight is not reusable until every launch published
+   before it was freed completed (epoch-based reclamation: it waits,
+   ``stats()["reclaimed_waiting"]``), and capacity checks count only blocks allocatable now
+   (FREE, idle cached, and what completed launches release). They count as not in use in
+   ``usage`` and ``get_num_free_blocks`` (no request holds them).
 6. **Scope.** One full-attention group; ``num_lookahead_tokens`` (spec decode: a launch
    writes every reserved position and must know its token id), ``num_external_computed_tokens``
    (KV connectors) and ``num_encoder_tokens`` must be 0. ``delay_cache_blocks`` and
@@ -516,8 +518,8 @@ class KVCacheManager:
             reserved = alloc.num_reserved(rid)
             table_len = _cdiv(reserved, B)
             target = max(request.num_computed_tokens + num_new_tokens, reserved)
-        state, pending = pool.state, pool.pending
-        idle_hits = sum(1 for b in hits if state[b] == CACHED and pending[b] == 0)
+        state = pool.state
+        idle_hits = sum(1 for b in hits if state[b] == CACHED and not pool.busy(b))
         watermark = 0
         if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
                                                      RequestStatus.PREEMPTED):
@@ -615,9 +617,7 @@ class KVCacheManager:
         self._drain()
         pool = self._pool
         for b in list(pool.hmap.values()):
-            pool.evict(b)
-            if pool.pending[b] == 0:
-                pool.recycle(b)
+            pool.evict(b)  # FREE at once unless busy (then when the watermark passes it)
         if self._trace is not None:
             self._trace.clear()
             self._cached_hash.clear()

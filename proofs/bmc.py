@@ -2,12 +2,14 @@
 
 The initial state is written with constant arrays (``z3.K``), not as ∀-formulas (with
 quantifiers BMC stalls). Each step picks one transition by a selector and fresh parameters
-(blocks ``0..N-1``, holders ``0..R-1``, hashes ``1..H``, any ``w``); the next state of every
-field is a fresh array constant equal to the selector's ``If`` over the transitions' effects.
+(blocks ``0..N-1``, holders ``0..R-1``, hashes ``1..H``, any ``w``, launches ``0..D`` for depth
+D: a path of D steps issues at most D launches, so no launch it can name is missing); the next
+state of every field is a fresh array constant equal to the selector's ``If`` over the
+transitions' effects.
 At each depth the solver is asked for a state violating some invariant (all points of the
 explicit pool); depths are deepened until the time budget runs out. Cost grows exponentially
 with depth, so the depth reached is reported, not fixed. Complementary to the explorer: no
-launch bound, and ``gen`` kept.
+launch bound, no epoch normalization (the clock is kept as it is), and ``gen`` kept.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pagedkv.spec.states import ALL_STATES, FREE, NO_HASH
 from pagedkv.spec.transitions import Transition
 
 from .z3_model import (
+    CLOCK_KEYS,
     DEFAULT_INVARIANTS,
     DEFAULT_TRANSITIONS,
     FIELD_DEFAULT,
@@ -64,7 +67,8 @@ class BMCResult:
 
 def _universe(cfg: BMCConfig) -> dict[str, tuple[Any, ...]]:
     return {"block": tuple(range(cfg.blocks)), "holder": tuple(range(cfg.holders)),
-            "hash": (NO_HASH,) + tuple(cfg.hashes), "state": tuple(ALL_STATES)}
+            "hash": (NO_HASH,) + tuple(cfg.hashes), "state": tuple(ALL_STATES),
+            "launch": tuple(range(cfg.max_depth + 1)), "clock": CLOCK_KEYS}
 
 
 def _points(cfg: BMCConfig) -> list[tuple[str, Any, Any]]:
@@ -172,7 +176,7 @@ def _moves(transitions: Mapping[str, Transition], cfg: BMCConfig
     from .explore import ExploreConfig, param_values
 
     ecfg = ExploreConfig(blocks=cfg.blocks, holders=cfg.holders, block_size=cfg.block_size,
-                         hashes=cfg.hashes)
+                         hashes=cfg.hashes, max_window=cfg.max_depth)
     return [(n, t, p) for n, t in transitions.items() for p in param_values(t, ecfg)]
 
 
@@ -270,7 +274,8 @@ def _all_invariants(ops: Any, invs: Mapping[str, Invariant], s: PoolState, cfg: 
                     ) -> list[tuple[str, Any, Any]]:
     out = []
     pts = {"block": list(range(cfg.blocks)), "hash": [NO_HASH, *cfg.hashes],
-           "holder": list(range(cfg.holders)), "pool": [None]}
+           "holder": list(range(cfg.holders)), "launch": list(range(cfg.max_depth + 1)),
+           "pool": [None]}
     for inv in invs.values():
         for p in pts[inv.scope]:
             out.append((inv.name, p, _simp(instance(ops, inv, s, p))))

@@ -9,10 +9,12 @@ reports it::
     from pagedkv.proofs.canaries import run_canaries
     rep = run_canaries(progress=print)
     rep["ok"]                      # every canary caught and the baseline clean
-    rep["canaries"]["recycle_ignores_pending"]  # {"caught", "by", "evidence", "seconds"}
+    rep["canaries"]["recycle_ignores_watermark"]  # {"caught", "by", "evidence", "seconds"}
 
-Spec-level bugs (weakened guards) are replaced in ``spec.TRANSITIONS``, which the allocator
-and the proofs both look up at call time; runtime bugs patch the allocator's code.
+Spec-level bugs (weakened guards, a dropped effect) are replaced in ``spec.TRANSITIONS``, which
+the allocator and the proofs both look up at call time; runtime bugs patch the allocator's
+code. Each spec-level canary is caught by a z3 counterexample or an explorer trace, in the
+spec's words (``retire=...``, ``clock: issued=... watermark=...``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,19 @@ def _guard(name: str, make: Callable[[Any], Callable[..., Any]]) -> Iterator[Non
         TRANSITIONS[name] = original
 
 
+@contextlib.contextmanager
+def _effect(name: str, make: Callable[[Any], Callable[..., Any]]) -> Iterator[None]:
+    """Replace transition ``name``'s effect by ``make(original_effect)``."""
+    from pagedkv.spec import TRANSITIONS
+
+    original = TRANSITIONS[name]
+    TRANSITIONS[name] = dataclasses.replace(original, effect=make(original.effect))
+    try:
+        yield
+    finally:
+        TRANSITIONS[name] = original
+
+
 def _in_pool(s: Any, b: Any) -> list[Any]:
     return [b >= 0, b < s.num_blocks]
 
@@ -73,16 +88,61 @@ def release_without_holder_check() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def recycle_ignores_pending() -> Iterator[None]:
-    """recycle forgets "no access pending": a block a kernel still reads is reused."""
+def recycle_ignores_watermark() -> Iterator[None]:
+    """recycle forgets ``retire[b] <= clock[WATERMARK]``: a block a launch in flight may still
+    read is reused."""
     from pagedkv.spec import RECLAIMED
 
     def make(_g: Any) -> Callable[..., Any]:
         def guard(ops: Any, s: Any, b: Any) -> Any:
-            return ops.And(*_in_pool(s, b), s.state[b] == RECLAIMED)
+            return ops.And(*_in_pool(s, b), s.state[b] == RECLAIMED, s.wpend[b] == 0)
         return guard
 
     with _guard("recycle", make):
+        yield
+
+
+@contextlib.contextmanager
+def recycle_ignores_writes() -> Iterator[None]:
+    """recycle forgets "no write pending": a block a kernel still writes is reused."""
+    from pagedkv.spec import RECLAIMED, WATERMARK
+
+    def make(_g: Any) -> Callable[..., Any]:
+        def guard(ops: Any, s: Any, b: Any) -> Any:
+            return ops.And(*_in_pool(s, b), s.state[b] == RECLAIMED,
+                           s.retire[b] <= s.clock[WATERMARK])
+        return guard
+
+    with _guard("recycle", make):
+        yield
+
+
+@contextlib.contextmanager
+def release_without_retire_stamp() -> Iterator[None]:
+    """release lets go of the last reference without stamping ``retire[b] = clock[ISSUED]``:
+    the launches issued so far no longer pin the block."""
+
+    def make(effect: Any) -> Callable[..., Any]:
+        def release(ops: Any, s: Any, b: Any, r: Any) -> Any:
+            return effect(ops, s, b, r).replace(retire=s.retire)
+        return release
+
+    with _effect("release", make):
+        yield
+
+
+@contextlib.contextmanager
+def advance_past_inflight() -> Iterator[None]:
+    """advance forgets "the oldest launch completed": the watermark passes a launch in flight
+    (what "watermark = last completed + 1" does when launches complete out of order)."""
+    from pagedkv.spec import ISSUED, WATERMARK
+
+    def make(_g: Any) -> Callable[..., Any]:
+        def guard(ops: Any, s: Any) -> Any:
+            return s.clock[WATERMARK] < s.clock[ISSUED]
+        return guard
+
+    with _guard("advance", make):
         yield
 
 
@@ -166,7 +226,10 @@ def hash_without_length_framing() -> Iterator[None]:
 
 CANARIES: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "release_without_holder_check": release_without_holder_check,
-    "recycle_ignores_pending": recycle_ignores_pending,
+    "recycle_ignores_watermark": recycle_ignores_watermark,
+    "recycle_ignores_writes": recycle_ignores_writes,
+    "release_without_retire_stamp": release_without_retire_stamp,
+    "advance_past_inflight": advance_past_inflight,
     "publish_non_allocated": publish_non_allocated,
     "commit_unwritten": commit_unwritten,
     "share_revive_keeps_queued": share_revive_keeps_queued,
@@ -201,6 +264,46 @@ def _induction(transition: str) -> Callable[[], str | None]:
 
     check.__name__ = f"z3 induction ({transition}, bounded)"
     return check
+
+
+def _safety(transition: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        from pagedkv.proofs.induction import COUNTEREXAMPLE
+        from pagedkv.proofs.safety import prove_safety
+
+        res = prove_safety(only={transition}, modes=("bounded",))
+        bad = [c for r in res.values() for c in r.claims if c.result == COUNTEREXAMPLE]
+        if not bad:
+            return None
+        c = bad[0]
+        cx = c.counterexample or {}
+        g, post = cx.get("ghost") or {}, cx.get("post") or {}
+        where = c.claim
+        if g:
+            blk = next((r for k, r in post.get("blocks", {}).items() if str(k) == g["block"]), {})
+            clock = post.get("clock", {})
+            where = (f"launch {g['launch']} in flight may read block {g['block']}, "
+                     f"retire={blk.get('retire')} issued={clock.get('issued')} "
+                     f"watermark={clock.get('watermark')}")
+        return f"{c.text}\nsafety cx via {transition}: {where} ({c.prop})"
+
+    check.__name__ = f"z3 safety claims ({transition}, bounded)"
+    return check
+
+
+def explorer() -> str | None:
+    """A small exhaustive exploration of the spec (pool layer, readers ghost on)."""
+    from pagedkv.proofs.explore import ExploreConfig, explore
+
+    r = explore(ExploreConfig(blocks=2, holders=1, block_size=1, max_inflight=1, max_window=2,
+                              stop_at_first=True))
+    if not r.violations:
+        return None
+    v = next(iter(r.violations.values()))
+    return f"{v.text}\nexplorer: {v.invariant} at {v.where}: {', '.join(v.trace)}"
+
+
+explorer.__name__ = "explorer (2 blocks, pool layer)"
 
 
 def stateful(max_examples: int = 400, steps: int = 40) -> str | None:
@@ -315,7 +418,10 @@ hashes_injective.__name__ = "hash encoding injective"
 
 DETECTORS: dict[str, list[Callable[[], str | None]]] = {
     "release_without_holder_check": [_induction("release"), stateful],
-    "recycle_ignores_pending": [_induction("recycle"), stateful],
+    "recycle_ignores_watermark": [_induction("recycle"), stateful],
+    "recycle_ignores_writes": [_induction("recycle"), stateful],
+    "release_without_retire_stamp": [_safety("release"), explorer, stateful],
+    "advance_past_inflight": [_induction("advance"), stateful],
     "publish_non_allocated": [_induction("publish"), stateful],
     "commit_unwritten": [_induction("commit"), stateful],
     "share_revive_keeps_queued": [lifecycle_unchecked, stateful],

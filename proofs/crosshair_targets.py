@@ -13,8 +13,10 @@ Two CrossHair 0.0.112 quirks shape the contracts:
 
 The transition targets run a spec transition (``pagedkv.spec.TRANSITIONS``) with the concrete
 ops on a pool whose block 0 is built from small ints: block 0's fields, two holders (each may
-hold block 0 and be alive), and a hash map with entries for hashes 1 and 2. Each says: if the
-guard holds and the block-scoped invariants hold for block 0 before, they hold after.
+hold block 0 and be alive), a hash map with entries for hashes 1 and 2, the launch clock and
+launches 0 and 1. Each says: if the guard holds and the block-scoped invariants hold for block
+0 before (and the launch-scoped ones for launches 0..2, and the pool-scoped ones that need no
+sum), they hold after.
 """
 
 from __future__ import annotations
@@ -28,16 +30,40 @@ from pagedkv.spec import (
     CONCRETE,
     FREE,
     INVARIANTS,
+    ISSUED,
     NO_BLOCK,
     NO_HASH,
     PUBLISHED,
     REFERENCED,
     TRANSITIONS,
+    WATERMARK,
     Arr,
+    ConcreteOps,
     PoolState,
+    initial_state,
 )
 
 BLOCK_INVARIANTS = tuple(inv for inv in INVARIANTS.values() if inv.scope == "block")
+LAUNCH_INVARIANTS = tuple(inv for inv in INVARIANTS.values() if inv.scope == "launch")
+
+
+class _CountSums(ConcreteOps):
+    def __init__(self) -> None:
+        self.sums = 0
+
+    def Sum(self, terms: Any) -> int:
+        self.sums += 1
+        return super().Sum(terms)
+
+
+def _sums(inv: Any) -> int:
+    ops = _CountSums()
+    inv.pred(ops, initial_state(1, 1))
+    return ops.sums
+
+
+LOCAL_POOL_INVARIANTS = tuple(inv for inv in INVARIANTS.values()
+                              if inv.scope == "pool" and _sums(inv) == 0)
 
 # --- table arithmetic ------------------------------------------------------------------------
 
@@ -152,44 +178,62 @@ def extra_key_kinds_distinct(x: int, y: str) -> bool:
 # --- spec transitions on a concrete single-block pool ----------------------------------------
 
 
-def _domain(st: int, pending: int, wpend: int, filled: int, hk: int, bs: int, m1: int,
-            m2: int) -> bool:
+# The launch clock and launches 0 and 1, (issued, watermark, inflight[0], inflight[1]): two
+# epochs that satisfy watermark_bounds and launch_window (the epoch invariants are evaluated
+# all the same) - two launches in flight (either may complete first), and the watermark past
+# a completed launch with the next one in flight. With retire stamps 0..2 they put a stamp
+# below, at and above the watermark, and at ``issued``. (A symbolic choice among all 11 epochs
+# with issued <= 2 does not exhaust within the budget; four take a minute per target.)
+EPOCHS = ((2, 0, True, True), (2, 1, False, True))
+
+
+def _domain(st: int, retire: int, wpend: int, filled: int, hk: int, bs: int, m1: int,
+            m2: int, ep: int) -> bool:
     return (
-        0 <= st <= 5 and 0 <= pending <= 2 and 0 <= wpend <= 2 and 0 <= filled <= 3
+        0 <= st <= 5 and 0 <= retire <= 2 and 0 <= wpend <= 2 and 0 <= filled <= 3
         and 1 <= hk <= 2 and 1 <= bs <= 2 and -1 <= m1 <= 1 and -1 <= m2 <= 1
+        and 0 <= ep < len(EPOCHS)
     )
 
 
 def _pool(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
 ) -> PoolState:
-    """Block 0 from ints; block 1 exists only as a hash-map target; holders 0 and 1.
+    """Block 0 from ints; block 1 exists only as a hash-map target; holders 0 and 1; the clock
+    and launches 0 and 1 from ``EPOCHS[ep]``.
 
     The fields a block invariant pins to the others are built from them (ref = number of
     holders; init, queued and the hash follow the state), which keeps the path tree small;
     ``block_ok`` still evaluates every block invariant on the result.
     """
+    iss, wm, f0, f1 = EPOCHS[ep]
     live = st == ALLOCATED or st == PUBLISHED or st == REFERENCED
     hashed = st == REFERENCED or st == CACHED
     hmap = {1: m1, 2: m2}
     if hashed:
         hmap[hk] = 0
     return PoolState(
-        state=Arr(0, {0: st}), ref=Arr(0, {0: int(h0) + int(h1)}), pending=Arr(0, {0: pending}),
+        state=Arr(0, {0: st}), ref=Arr(0, {0: int(h0) + int(h1)}), retire=Arr(0, {0: retire}),
         wpend=Arr(0, {0: wpend}), filled=Arr(0, {0: filled}), gen=Arr(0),
         init=Arr(False, {0: live or st == CACHED}),
         hash=Arr(NO_HASH, {0: hk if hashed else NO_HASH}),
         queued=Arr(True, {0: st == FREE or st == CACHED}), hmap=Arr(NO_BLOCK, hmap),
         holds=Arr(Arr(False), {0: Arr(False, {0: h0}), 1: Arr(False, {0: h1})}),
         alive=Arr(False, {0: a0, 1: a1}), nheld=Arr(0), count=Arr(0),
+        inflight=Arr(False, {0: f0, 1: f1}), clock=Arr(0, {ISSUED: iss, WATERMARK: wm}),
         block_size=bs, num_blocks=2, block_ids=(0, 1), holder_ids=(0, 1),
     )
 
 
 def block_ok(s: PoolState) -> bool:
-    """Every block-scoped invariant holds for block 0."""
-    return all(CONCRETE.is_true(inv.pred(CONCRETE, s, 0)) for inv in BLOCK_INVARIANTS)
+    """Every block-scoped invariant holds for block 0, every launch-scoped one for launches
+    0..2, and every pool-scoped one that sums over nothing (the pool here is not a whole pool:
+    its ghost counts are not kept)."""
+    return (all(CONCRETE.is_true(inv.pred(CONCRETE, s, 0)) for inv in BLOCK_INVARIANTS)
+            and all(CONCRETE.is_true(inv.pred(CONCRETE, s, L)) for inv in LAUNCH_INVARIANTS
+                    for L in (0, 1, 2))
+            and all(CONCRETE.is_true(inv.pred(CONCRETE, s)) for inv in LOCAL_POOL_INVARIANTS))
 
 
 def _keeps(name: str, s: PoolState, **params: Any) -> bool:
@@ -200,168 +244,215 @@ def _keeps(name: str, s: PoolState, **params: Any) -> bool:
     return block_ok(t.effect(CONCRETE, s, **params))
 
 
+
 def allocate_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("allocate", s, b=0, r=r)
 
 
 def publish_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("publish", s, b=0, r=r)
 
 
-def begin_access_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
-    w: int,
+def begin_write_keeps_block_invariants(
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int, w: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     pre: -1 <= w <= 3
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
-    return _keeps("begin_access", s, b=0, r=r, w=w)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
+    return _keeps("begin_write", s, b=0, r=r, w=w)
 
 
-def end_access_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int,
-    writes: bool,
+def end_write_keeps_block_invariants(
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2)
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep)
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
-    return _keeps("end_access", s, b=0, writes=writes)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
+    return _keeps("end_write", s, b=0)
+
+
+def launch_keeps_block_invariants(
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    L: int,
+) -> bool:
+    """
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep)
+    pre: -1 <= L <= 3
+    post: __return__
+    """
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
+    return _keeps("launch", s, L=L)
+
+
+def complete_keeps_block_invariants(
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    L: int,
+) -> bool:
+    """
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep)
+    pre: -1 <= L <= 3
+    post: __return__
+    """
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
+    return _keeps("complete", s, L=L)
+
+
+def advance_keeps_block_invariants(
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+) -> bool:
+    """
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep)
+    post: __return__
+    """
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
+    return _keeps("advance", s)
 
 
 def rewind_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
-    k: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int, k: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     pre: -1 <= k <= 3
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("rewind", s, b=0, r=r, k=k)
 
 
 def commit_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
-    h: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int, h: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     pre: 0 <= h <= 2
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("commit", s, b=0, r=r, h=h)
 
 
 def share_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("share", s, b=0, r=r)
 
 
 def release_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("release", s, b=0, r=r)
 
 
 def evict_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2)
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep)
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("evict", s, b=0)
 
 
 def recycle_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2)
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep)
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("recycle", s, b=0)
 
 
 def open_holder_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("open_holder", s, r=r)
 
 
 def close_holder_keeps_block_invariants(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int,
 ) -> bool:
     """
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     post: __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return _keeps("close_holder", s, r=r)
 
 
 def release_refused_to_non_holder(
-    st: int, pending: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
-    a1: bool, bs: int, m1: int, m2: int, r: int,
+    st: int, retire: int, wpend: int, filled: int, hk: int, h0: bool, h1: bool, a0: bool,
+    a1: bool, bs: int, m1: int, m2: int, ep: int,
+    r: int,
 ) -> bool:
     """release's guard is false when the holder does not hold the block (no double free).
 
-    pre: _domain(st, pending, wpend, filled, hk, bs, m1, m2) and 0 <= r <= 1
+    pre: _domain(st, retire, wpend, filled, hk, bs, m1, m2, ep) and 0 <= r <= 1
     pre: not (h0 if r == 0 else h1)
     post: not __return__
     """
-    s = _pool(st, pending, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2)
+    s = _pool(st, retire, wpend, filled, hk, h0, h1, a0, a1, bs, m1, m2, ep)
     return CONCRETE.is_true(TRANSITIONS["release"].guard(CONCRETE, s, b=0, r=r))
 
 

@@ -10,21 +10,44 @@ Bounds (the configuration's, reported as assumptions):
 * ``blocks`` blocks, ``holders`` holders, ``block_size`` slots, writes of ``w in 0..block_size``;
 * hash values ``hashes`` (plus ``NO_HASH``) - prefix hits between holders happen because
   every holder's chain uses the same values;
-* at most ``max_pending`` accesses in flight in total (launches that began and have not
-  completed; each may complete at any later point - "late"): successors with more are cut;
+* at most ``max_inflight`` launches in flight (published, not completed; they complete in any
+  order, at any later point), and at most ``max_window`` launches issued and not yet passed by
+  the watermark (``clock[ISSUED] - clock[WATERMARK]``; completed launches the watermark has not
+  passed yet count): successors with more are cut;
 * fields no guard, no invariant and no other field's update ever reads (found with z3 on the
   symbolic encoding; today: ``gen``) are not part of the state: they only count history and
   would make the state space infinite. Dropping them is a bisimulation.
 
+Epochs. The launch clock grows without bound too; every state is stored as seen from its
+watermark (``proofs.epochs.normalize``: clock values and launch numbers shifted down by the
+watermark, retire stamps below it clamped to it). Successors are computed from the normalized
+state (launch parameters ``0..max_window``) and checked as computed, before they are
+normalized. That this is a bisimulation - normalizing commutes with every transition, keeps
+every guard and every invariant - is proved with z3 for the transitions and invariants handed
+in (``normalization_lemma``; a failure is reported as a violation ``<normalization>`` and the
+run is not ok). Together with the bounds the search is finite and complete for them.
+
+The readers ghost. The spec pins blocks by launch number and does not say which launches read
+a block; the explorer keeps, per block, the launches in flight that may read it: a launch,
+when published (``inflight[L]`` becomes true, whatever the transition's name), may read every
+block a table holds then (``ref > 0``) - and, in the request layer, the copy-on-write source it
+copies. Completed launches are dropped from the sets. A FREE block with a launch in its set is
+a violation ``<readers>`` ("a block was freed while a launch that may read it is in flight"):
+the safety property the retire stamps serve, checked on the reachable states.
+
 Two layers:
 
 * ``pool`` (default): the whole spec, every parameter value; checks every pool / block /
-  hash / holder invariant.
+  hash / holder / launch invariant and the readers ghost.
 * ``request``: the same pool plus a request layer keeping each holder's table as a tuple of
   block ids - allocate and share append, release pops the tail, commit registers the hash of
   the table position (the holder's chain value there), share is a prefix hit
-  (``hmap[chain[i]]``) or a fork of another table's same position. This restricts which
-  spec transitions a request makes; it adds the table-scoped invariants (``TableView``) to the
+  (``hmap[chain[i]]``) or a fork of another table's same position, rewind (truncation) only
+  cuts the table's last block, and a copy-on-write (``COPY_STEPS``: a new block for the
+  table's last position, a launch numbered *before* the shared source is released - it reads
+  the source - that writes the copy, then the release) replaces a shared, partly written last
+  block. Launches complete out of order as in the pool layer. This restricts which spec
+  transitions a request makes; it adds the table-scoped invariants (``TableView``) to the
   checks. ``reserved`` is ``len(entries) * block_size`` and ``computed`` the written slots.
 """
 
@@ -33,24 +56,32 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pagedkv.spec.check import hash_ids
+from pagedkv.spec.check import hash_ids, launch_ids
 from pagedkv.spec.invariants import Invariant, TableView
 from pagedkv.spec.model import ARRAY_FIELDS, BLOCK_FIELDS, PoolState, initial_state
 from pagedkv.spec.ops import CONCRETE, Arr, Overlay, flatten
-from pagedkv.spec.states import ALL_STATES, NO_BLOCK, NO_HASH, state_name
+from pagedkv.spec.states import ALL_STATES, FREE, ISSUED, NO_BLOCK, NO_HASH, PUBLISHED, state_name
 from pagedkv.spec.transitions import Transition
 
+from . import epochs
 from .z3_model import (
+    CLOCK_KEYS,
+    CLOCK_NAMES,
     DEFAULT_INVARIANTS,
     DEFAULT_TRANSITIONS,
     FIELD_DEFAULT,
     INDEX_KIND,
     param_kind,
 )
+
+READERS = "<readers>"  # the readers ghost's violation (module doc)
+NORMALIZATION = "<normalization>"
+UNIVERSE = "<explorer universe>"
+REBUILT = (epochs.CLOCK_FIELD, *epochs.LAUNCH_INDEXED, *epochs.CLOCK_VALUED)
 
 
 @dataclass(frozen=True)
@@ -59,7 +90,8 @@ class ExploreConfig:
     holders: int = 2
     block_size: int = 2
     hashes: tuple[int, ...] = (1, 2)
-    max_pending: int = 2
+    max_inflight: int = 2  # launches in flight
+    max_window: int = 3  # launches issued, not yet passed by the watermark
     layer: str = "pool"  # "pool" | "request"
     max_states: int = 3_000_000
     stop_at_first: bool = False
@@ -87,6 +119,8 @@ class ExploreResult:
     violations: dict[str, Violation] = field(default_factory=dict)
     checked: dict[str, int] = field(default_factory=dict)  # invariant -> instances checked
     dropped_fields: list[str] = field(default_factory=list)
+    normalization: dict[str, Any] = field(default_factory=dict)  # normalization_lemma's result
+    readers_checked: int = 0  # FREE blocks checked against the readers ghost
 
     @property
     def ok(self) -> bool:
@@ -133,7 +167,8 @@ def unobserved_fields(
         post = t.effect(ops, s, **p)
         for f in ARRAY_FIELDS:
             read |= mentioned(getattr(post, f)) - {f}
-    pt = {"block": z3.Int("uo_x"), "hash": z3.Int("uo_h"), "holder": z3.Int("uo_r")}
+    pt = {"block": z3.Int("uo_x"), "hash": z3.Int("uo_h"), "holder": z3.Int("uo_r"),
+          "launch": z3.Int("uo_L")}
     for inv in invariants.values():
         if inv.scope == "pool":
             read |= mentioned(inv.pred(ops, s))
@@ -176,7 +211,8 @@ class Codec:
         blocks = tuple(range(cfg.blocks))
         holders = tuple(range(cfg.holders))
         uni = {"block": blocks, "holder": holders, "hash": (NO_HASH,) + tuple(cfg.hashes),
-               "state": tuple(ALL_STATES)}
+               "state": tuple(ALL_STATES), "launch": tuple(range(cfg.max_window + 1)),
+               "clock": CLOCK_KEYS}
         self.blocks = blocks
         self.keys = {}
         for f in ARRAY_FIELDS:
@@ -187,10 +223,23 @@ class Codec:
         self.keysets = {f: frozenset(k) for f, k in self.keys.items()}
         self.blockset = frozenset(blocks)
 
-    def key(self, s: PoolState) -> tuple[Any, ...]:
+    def check_rebuilt(self, s: PoolState, fields: Iterable[str]) -> None:
+        """The arrays the normalization rebuilt hold entries only inside the universe."""
+        for f in fields:
+            for k in flatten(getattr(s, f)).items():
+                if k[0] not in self.keysets[f]:
+                    raise Escaped(f"{f}[{k[0]!r}] after normalization")
+
+    def key(self, s: PoolState, base: PoolState | None = None,
+            base_key: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
+        """``base``/``base_key``: a state whose key is known; a field s shares with it (the
+        same object: the effect left it alone) is not read again."""
         out = []
-        for f in self.fields:
+        for i, f in enumerate(self.fields):
             arr = getattr(s, f)
+            if base is not None and arr is getattr(base, f):
+                out.append(base_key[i])  # type: ignore[index]
+                continue
             nested = isinstance(FIELD_DEFAULT[f], Arr)
             _check_keys(arr, self.keysets[f], self.blockset if nested else None)
             if nested:
@@ -227,6 +276,8 @@ def param_values(t: Transition, cfg: ExploreConfig) -> list[dict[str, Any]]:
             doms.append((False, True))
         elif kind == "slots":
             doms.append(range(0, cfg.block_size + 1))
+        elif kind == "launch":  # states are normalized: the watermark is 0
+            doms.append(range(0, cfg.max_window + 1))
         else:
             raise ValueError(f"explorer: no domain for parameter {p!r} of {t.name}")
     return [dict(zip(t.params, vs, strict=True)) for vs in itertools.product(*doms)]
@@ -234,6 +285,14 @@ def param_values(t: Transition, cfg: ExploreConfig) -> list[dict[str, Any]]:
 
 # --- the request layer ------------------------------------------------------------------------
 Tables = tuple[tuple[int, ...], ...]
+Readers = tuple[tuple[int, ...], ...]  # per block: the launches in flight that may read it
+
+# A copy-on-write, as the allocator does it: a new block for the table's last position, the
+# copy launch numbered while the shared source is still held (so the launch pins it), the
+# copy written, then the source released. Numbering the launch after the release would let the
+# source be recycled under the copy kernel (the readers ghost reports it).
+COPY_STEPS = ("allocate", "publish", "launch", "begin_write", "release")
+COPY = "copy"
 
 
 def _chain(cfg: ExploreConfig, r: int) -> tuple[int, ...]:
@@ -262,6 +321,8 @@ def request_allows(name: str, p: Mapping[str, Any], s: PoolState, tables: Tables
     if name == "commit":
         t = tables[r]
         return p["b"] in t and p["h"] == _chain(cfg, r)[t.index(p["b"])]
+    if name == "rewind":  # truncation: earlier blocks are released (popped), the last one cut
+        return bool(tables[r]) and tables[r][-1] == p["b"]
     return True
 
 
@@ -273,7 +334,18 @@ def request_effect(name: str, p: Mapping[str, Any], tables: Tables) -> Tables:
         return tables[:r] + (tables[r][:-1],) + tables[r + 1:]
     if name in ("open_holder", "close_holder"):
         return tables[:r] + ((),) + tables[r + 1:]
+    if name == COPY:
+        return tables[:r] + (tables[r][:-1] + (p["to"],),) + tables[r + 1:]
     return tables
+
+
+def copy_moves(s: PoolState, tables: Tables, cfg: ExploreConfig) -> list[dict[str, int]]:
+    """(holder, its shared partly-written last block, a block to copy it to)."""
+    out = []
+    for r, t in enumerate(tables):
+        if t and s.state[t[-1]] == PUBLISHED and s.ref[t[-1]] > 1:
+            out += [{"r": r, "b": t[-1], "to": b2} for b2 in range(cfg.blocks) if b2 not in t]
+    return out
 
 
 def table_views(s: PoolState, tables: Tables, cfg: ExploreConfig) -> list[TableView]:
@@ -290,8 +362,10 @@ def table_views(s: PoolState, tables: Tables, cfg: ExploreConfig) -> list[TableV
 
 # --- evaluation -------------------------------------------------------------------------------
 def violations(s: PoolState, invariants: Mapping[str, Invariant],
-               tables: list[TableView] | None = None) -> list[tuple[str, Any]]:
-    """Like ``spec.check.violations``, over the invariants handed in."""
+               tables: list[TableView] | None = None,
+               launches: Iterable[int] = ()) -> list[tuple[str, Any]]:
+    """Like ``spec.check.violations``, over the invariants handed in (launch scope: the spec's
+    ``launch_ids`` and the configured launch numbers)."""
     out: list[tuple[str, Any]] = []
     for inv in invariants.values():
         if inv.scope == "block":
@@ -300,6 +374,8 @@ def violations(s: PoolState, invariants: Mapping[str, Invariant],
             pts = hash_ids(s)
         elif inv.scope == "holder":
             pts = s.holder_ids
+        elif inv.scope == "launch":
+            pts = sorted(set(launch_ids(s)) | set(launches))
         elif inv.scope == "pool":
             if not inv.pred(CONCRETE, s):
                 out.append((inv.name, "pool"))
@@ -322,12 +398,43 @@ def step(t: Transition, s: PoolState, params: Mapping[str, Any]) -> PoolState | 
     return t.effect(CONCRETE, s, **params)
 
 
-def describe(s: PoolState, tables: Tables | None = None) -> str:
+def readers_after(s: PoolState, s2: PoolState, readers: Readers,
+                  reads: Mapping[int, Iterable[int]] = ()) -> Readers:  # type: ignore[assignment]
+    """The readers ghost after a step from s to s2: launches published by it may read every
+    block held in s (and the blocks ``reads`` names, per launch); completed ones drop out."""
+    if s2.inflight is s.inflight and not reads:
+        return readers
+    now = set(epochs.in_flight(s2))
+    new = now - set(epochs.in_flight(s))
+    held = [b for b in s.block_ids if s.ref[b] > 0]
+    out = [set(x) & now for x in readers]
+    for L in new:
+        for b in held:
+            out[b].add(L)
+    for L, blocks in dict(reads).items():
+        for b in blocks:
+            if L in now:
+                out[b].add(L)
+    return tuple(tuple(sorted(x)) for x in out)
+
+
+def freed_while_read(s: PoolState, readers: Readers) -> list[tuple[int, tuple[int, ...]]]:
+    return [(b, readers[b]) for b in s.block_ids if s.state[b] == FREE and readers[b]]
+
+
+def describe(s: PoolState, tables: Tables | None = None, offset: int = 0,
+             readers: Readers | None = None) -> str:
+    """A state in the spec's words; ``offset``: the watermark it was normalized by (clock
+    values and launch numbers are shown as they really are)."""
     lines = []
     for b in s.block_ids:
         rec = {f: getattr(s, f)[b] for f in BLOCK_FIELDS}
         rec["state"] = state_name(rec["state"])
-        lines.append(f"    block {b}: " + " ".join(f"{k}={v}" for k, v in rec.items()))
+        for f in epochs.CLOCK_VALUED:
+            if f in rec:
+                rec[f] = rec[f] + offset
+        rd = f" read_by={[L + offset for L in readers[b]]}" if readers and readers[b] else ""
+        lines.append(f"    block {b}: " + " ".join(f"{k}={v}" for k, v in rec.items()) + rd)
     for r in s.holder_ids:
         held = [b for b in s.block_ids if s.holds[r][b]]
         tab = f" table={list(tables[r])}" if tables is not None else ""
@@ -336,91 +443,292 @@ def describe(s: PoolState, tables: Tables | None = None) -> str:
     hm = {h: b for h, b in flatten(s.hmap).items() if b != NO_BLOCK}
     counts = {state_name(k): v for k, v in flatten(s.count).items()}
     lines.append(f"    hmap={hm} count={counts}")
+    clock = " ".join(f"{CLOCK_NAMES[k]}={s.clock[k] + offset}" for k in CLOCK_KEYS)
+    lines.append(f"    clock: {clock}; launches in flight: "
+                 f"{[L + offset for L in epochs.in_flight(s)]}")
     return "\n".join(lines)
 
 
+def _label(name: str, p: Mapping[str, Any], offset: int) -> str:
+    """A step as the spec would see it: launch numbers as they really are (``offset``: the
+    watermark the state it was taken from had been normalized by)."""
+    if name == COPY:
+        return (f"copy(r={p['r']}, b={p['b']} -> {p['to']}: "
+                + ", ".join(_label(n, q, offset) for n, q in p["steps"]) + ")")
+    shown = epochs.shift_params(p, {k: param_kind(k) for k in p}, -offset)
+    return f"{name}({', '.join(f'{a}={v}' for a, v in shown.items())})"
+
+
+def copy_on_write(transitions: Mapping[str, Transition], s: PoolState, r: int, b: int, to: int
+                  ) -> tuple[PoolState, list[tuple[str, dict[str, Any]]], int] | None:
+    """Run ``COPY_STEPS`` (module doc): the final state, the steps, the copy launch's number."""
+    if any(n not in transitions for n in COPY_STEPS):
+        return None
+    steps: list[tuple[str, dict[str, Any]]] = []
+    L = -1
+    for name in COPY_STEPS:
+        if name in ("allocate", "publish"):
+            p: dict[str, Any] = {"b": to, "r": r}
+        elif name == "launch":
+            L = s.clock[ISSUED]
+            p = {"L": L}
+        elif name == "begin_write":
+            if s.filled[b] == 0:
+                continue
+            p = {"b": to, "r": r, "w": s.filled[b]}
+        else:
+            p = {"b": b, "r": r}
+        s2 = step(transitions[name], s, p)
+        if s2 is None:
+            return None
+        steps.append((name, p))
+        s = s2
+    return s, steps, L
+
+
+# --- the normalization lemma (z3) -------------------------------------------------------------
+_LEMMA_CACHE: dict[Any, dict[str, Any]] = {}
+
+
+def _alpha_z3(u: PoolState) -> PoolState:
+    """``epochs.normalize`` on z3 terms."""
+    import z3
+
+    c = u.clock[epochs.WATERMARK]
+    k, L, b = z3.Ints("nl_k nl_L nl_b")
+    fields: dict[str, Any] = {epochs.CLOCK_FIELD: z3.Lambda([k], u.clock[k] - c)}
+    for f in epochs.LAUNCH_INDEXED:
+        fields[f] = z3.Lambda([L], getattr(u, f)[L + c])
+    for f in epochs.CLOCK_VALUED:
+        v = getattr(u, f)[b] - c
+        fields[f] = z3.Lambda([b], z3.If(v < 0, 0, v))
+    return u.replace(**fields)
+
+
+def normalization_lemma(
+    transitions: Mapping[str, Transition], invariants: Mapping[str, Invariant],
+    timeout_ms: int = 20000,
+) -> dict[str, Any]:
+    """z3: for every state s satisfying the invariants (at the points looked at, all symbolic:
+    an unbounded pool, an unbounded clock), every transition and parameters p, with alpha the
+    epoch normalization and p' the launch parameters shifted by s's watermark:
+
+    (G) guard(s, p) == guard(alpha(s), p');
+    (E) alpha(effect(s, p)) == alpha(effect(alpha(s), p')), every field at a fresh point;
+    (V) every invariant holds in effect(s, p) at x iff in effect(alpha(s), p') at x' (x' = x
+        shifted for launch-scoped ones).
+
+    Together: the explorer, which steps from normalized states and checks the successors it
+    computes, meets a violation iff the spec's own states have one (module doc)."""
+    import z3
+
+    from .induction import PROVED, build_frame, solve
+    from .z3_model import DEFAULT_BOUNDED, in_range, instance, proof_invariants
+
+    key = (tuple((n, id(t.guard), id(t.effect)) for n, t in transitions.items()),
+           tuple((n, id(i.pred)) for n, i in invariants.items()))
+    if key in _LEMMA_CACHE:
+        return _LEMMA_CACHE[key]
+    t0 = time.perf_counter()
+    invs = proof_invariants(invariants)
+    failed: list[dict[str, str]] = []
+    queries = 0
+    for name, t in transitions.items():
+        fr = build_frame("symbolic", t, invariants, DEFAULT_BOUNDED, tag="nl_")
+        s, ops = fr.s, fr.ops
+        pts = {"block": z3.Int("nl_xb"), "hash": z3.Int("nl_xh"), "holder": z3.Int("nl_xr"),
+               "launch": z3.Int("nl_xL"), "pool": None}
+        hyps = list(fr.hyps) + [in_range(s, pts["block"])]
+        hyps += [instance(ops, inv, s, pts[inv.scope]) for inv in invs.values()]
+        c = s.clock[epochs.WATERMARK]
+        kinds = {p: param_kind(p) for p in fr.params}
+        p2 = epochs.shift_params(fr.params, kinds, c)  # type: ignore[arg-type]
+        n = _alpha_z3(s)
+        g_s, g_n = t.guard(ops, s, **fr.params), t.guard(ops, n, **p2)
+        post_s, post_n = t.effect(ops, s, **fr.params), t.effect(ops, n, **p2)
+        a_s, a_n = _alpha_z3(post_s), _alpha_z3(post_n)
+        y, q = z3.Int("nl_y"), z3.Int("nl_q")
+        diffs = []
+        for f in ARRAY_FIELDS:
+            x, z = getattr(a_s, f), getattr(a_n, f)
+            if isinstance(FIELD_DEFAULT[f], Arr):
+                diffs.append((f, x[q][y] != z[q][y]))
+            else:
+                diffs.append((f, x[y] != z[y]))
+        inv_diffs = []
+        for inv in invs.values():
+            x = pts[inv.scope]
+            x2 = x - c if inv.scope == "launch" else x
+            inv_diffs.append((inv.name, instance(ops, inv, post_s, x)
+                              != instance(ops, inv, post_n, x2)))
+        side = list(getattr(ops, "side", []))
+        for check, facts, named in (
+            ("G: the guard is the same", [g_s != g_n], []),
+            ("E: the successors normalize alike", [g_s, z3.Or(*[d for _, d in diffs])], diffs),
+            ("V: the invariants agree on the successors",
+             [g_s, z3.Or(*[d for _, d in inv_diffs])], inv_diffs),
+        ):
+            res, m, why = solve(hyps + side + facts, timeout_ms)
+            queries += 1
+            if res != PROVED:
+                where = ""
+                if m is not None:
+                    bad = [nm for nm, d in named if z3.is_true(m.eval(d, model_completion=True))]
+                    where = f" ({', '.join(bad)})" if bad else ""
+                failed.append({"transition": name, "check": check + where,
+                               "result": res, "detail": why})
+    out = {"ok": not failed, "transitions": len(transitions), "queries": queries,
+           "failed": failed, "time_s": round(time.perf_counter() - t0, 3)}
+    _LEMMA_CACHE[key] = out
+    return out
+
+
+# --- the search -------------------------------------------------------------------------------
 def explore(
     cfg: ExploreConfig = ExploreConfig(),  # noqa: B008 - frozen dataclass
     transitions: Mapping[str, Transition] = DEFAULT_TRANSITIONS,
     invariants: Mapping[str, Invariant] = DEFAULT_INVARIANTS,
     progress: Callable[[str], None] | None = None,
+    lemma: bool = True,
 ) -> ExploreResult:
     t0 = time.perf_counter()
     request = cfg.layer == "request"
     invs = {n: i for n, i in invariants.items() if request or i.scope != "table"}
     dropped = unobserved_fields(transitions, invariants) if cfg.drop_unobserved else []
+    norm = normalization_lemma(transitions, invariants) if lemma else {"ok": None}
     init0 = initial_state(cfg.blocks, cfg.block_size, range(cfg.holders))
     codec = Codec(init0, dropped, cfg)
     init = codec.state(codec.key(init0))
+    launch_pts = tuple(range(cfg.max_window + 1))
     moves = [(name, t, p) for name, t in transitions.items() for p in param_values(t, cfg)]
     fired = dict.fromkeys(transitions, 0)
+    if request:
+        fired[COPY] = 0
     checked = dict.fromkeys(invs, 0)
     tables0: Tables = tuple(() for _ in range(cfg.holders))
-    k0 = (codec.key(init), tables0) if request else codec.key(init)
-    parent: dict[Any, tuple[Any, str] | None] = {k0: None}
+    readers0: Readers = tuple(() for _ in range(cfg.blocks))
+    k0 = (codec.key(init), readers0, tables0 if request else None)
+    # key -> (parent key, transition name, normalized params, watermark it was normalized by)
+    parent: dict[Any, tuple[Any, str, dict[str, Any], int] | None] = {k0: None}
     depth_of = {k0: 0}
     queue = deque([k0])
     edges = 0
     max_depth = 0
+    readers_checked = 0
     found: dict[str, Violation] = {}
+    if norm.get("ok") is False:
+        text = "; ".join(f"{f['transition']}: {f['check']} [{f['result']}]"
+                         for f in norm["failed"])
+        found[NORMALIZATION] = Violation(
+            NORMALIZATION, "lemma", 0, [],
+            f"the epoch normalization is not a bisimulation for this spec: {text}")
 
-    def trace_to(k: Any) -> list[str]:
-        labels = []
+    def path(k: Any) -> tuple[list[str], int]:
+        """The trace to k with real launch numbers, and k's offset (its real watermark)."""
+        hops = []
         while parent[k] is not None:
-            k, lab = parent[k]  # type: ignore[misc]
-            labels.append(lab)
-        return labels[::-1]
+            k, name, p, shift = parent[k]  # type: ignore[misc]
+            hops.append((name, p, shift))
+        labels, offset = [], 0
+        for name, p, shift in reversed(hops):
+            labels.append(_label(name, p, offset))
+            offset += shift
+        return labels, offset
 
-    def check(k: Any, s: PoolState, tabs: Tables | None) -> bool:
+    def check(pk: Any, move: tuple[str, dict[str, Any]] | None, s: PoolState,
+              tabs: Tables | None, rd: Readers) -> bool:
+        """Check s, reached from pk's state by ``move`` (not normalized yet)."""
+        nonlocal readers_checked
         views = table_views(s, tabs, cfg) if tabs is not None else None
-        bad = violations(s, invs, views)
+        bad = violations(s, invs, views, launch_pts)
         for n in invs:
             checked[n] += 1
+        readers_checked += sum(s.state[b] == FREE for b in s.block_ids)
+        freed = freed_while_read(s, rd)
+        bad += [(READERS, f"block {b} (launches {list(ls)})") for b, ls in freed]
         for name, where in bad:
             if name not in found:
-                tr = trace_to(k)
-                text = (f"invariant {name!r} violated at {where!r} after {len(tr)} steps:\n  "
-                        + "\n  ".join(tr) + "\n  reached state:\n" + describe(s, tabs))
+                tr, off = path(pk) if pk is not None else ([], 0)
+                if move is not None:
+                    tr.append(_label(*move, off))
+                what = (f"invariant {name!r} violated" if name != READERS else
+                        "a block was freed while a launch that may read it is in flight "
+                        f"({READERS})")
+                text = (f"{what} at {where!r} after {len(tr)} steps:\n  "
+                        + "\n  ".join(tr) + "\n  reached state:\n"
+                        + describe(s, tabs, off, rd))
                 found[name] = Violation(name, where, len(tr), tr, text)
         return not bad
 
-    ok0 = check(k0, init, tables0 if request else None)
+    ok0 = check(None, None, init, tables0 if request else None, readers0)
     complete = True
     if not ok0 and cfg.stop_at_first:
         queue.clear()
-    while queue:
-        k = queue.popleft()
-        s = codec.state(k[0] if request else k)
-        tabs = k[1] if request else None
-        d = depth_of[k]
+
+    def successors(s: PoolState, tabs: Tables | None, rd: Readers
+                   ) -> Iterable[tuple[str, dict[str, Any], PoolState, Tables | None, Readers]]:
         for name, t, p in moves:
-            if request and not request_allows(name, p, s, tabs, cfg):
+            if request and not request_allows(name, p, s, tabs, cfg):  # type: ignore[arg-type]
                 continue
             s2 = step(t, s, p)
             if s2 is None:
                 continue
-            if sum(s2.pending[b] for b in s2.block_ids) > cfg.max_pending:
-                continue  # the launch bound
+            yield name, p, s2, (request_effect(name, p, tabs) if request else None), \
+                readers_after(s, s2, rd)
+        if request:
+            for cp in copy_moves(s, tabs, cfg):  # type: ignore[arg-type]
+                got = copy_on_write(transitions, s, cp["r"], cp["b"], cp["to"])
+                if got is None:
+                    continue
+                s2, steps, L = got
+                # the ghost, step by step: the copy launch also reads its source explicitly
+                cur, rd2 = s, rd
+                for name, p in steps:
+                    nxt = step(transitions[name], cur, p)
+                    assert nxt is not None
+                    rd2 = readers_after(cur, nxt, rd2, {L: [cp["b"]]} if name == "launch"
+                                        else {})
+                    cur = nxt
+                yield COPY, dict(cp, steps=steps), s2, request_effect(COPY, cp, tabs), rd2  # type: ignore[arg-type]
+
+    while queue:
+        k = queue.popleft()
+        s = codec.state(k[0])
+        rd, tabs = k[1], k[2]
+        d = depth_of[k]
+        for name, p, s2, tabs2, rd2 in successors(s, tabs, rd):
+            if s2.inflight is not s.inflight and len(epochs.in_flight(s2)) > cfg.max_inflight:
+                continue  # the launch bounds
+            if epochs.window(s2) > cfg.max_window:
+                continue
             fired[name] += 1
             edges += 1
+            c2 = epochs.watermark(s2)
             try:
-                key2 = codec.key(s2)
-            except Escaped as e:
-                label = f"{name}({', '.join(f'{a}={v}' for a, v in p.items())})"
-                found.setdefault("<explorer universe>", Violation(
-                    "<explorer universe>", str(e), d + 1, trace_to(k) + [label],
+                n2 = epochs.normalize(s2)
+                if n2 is not s2:
+                    codec.check_rebuilt(n2, REBUILT)
+                key2 = codec.key(n2, s, k[0])
+            except (Escaped, epochs.NotNormal) as e:
+                if not check(k, (name, p), s2, tabs2, rd2):  # reported: nothing to normalize
+                    if cfg.stop_at_first:
+                        queue.clear()
+                        break
+                    continue
+                tr, off = path(k)
+                label = _label(name, p, off)
+                found.setdefault(UNIVERSE, Violation(
+                    UNIVERSE, str(e), d + 1, tr + [label],
                     f"{label} wrote outside the configured universe: {e}"))
                 continue
-            tabs2 = request_effect(name, p, tabs) if request else None
-            k2 = (key2, tabs2) if request else key2
+            rdn = tuple(tuple(L - c2 for L in x) for x in rd2) if c2 else rd2
+            k2 = (key2, rdn, tabs2)
             if k2 in parent:
                 continue
-            label = f"{name}({', '.join(f'{a}={v}' for a, v in p.items())})"
-            parent[k2] = (k, label)
+            parent[k2] = (k, name, p, c2)
             depth_of[k2] = d + 1
             max_depth = max(max_depth, d + 1)
-            s2c = codec.state(key2)
-            if check(k2, s2c, tabs2):
+            if check(k, (name, p), s2, tabs2, rd2):
                 queue.append(k2)  # violating states are reported, not expanded
             elif cfg.stop_at_first:
                 queue.clear()
@@ -436,5 +744,6 @@ def explore(
     return ExploreResult(
         config=asdict(cfg), states=len(parent), edges=edges, depth=max_depth,
         complete=complete, time_s=round(time.perf_counter() - t0, 3), fired=fired,
-        violations=found, checked=checked, dropped_fields=dropped,
+        violations=found, checked=checked, dropped_fields=dropped, normalization=norm,
+        readers_checked=readers_checked,
     )

@@ -7,13 +7,17 @@ For each (invariant I, transition T) the obligation is
 where ``Inv`` is every non-table invariant at every point the obligation can mention. It is
 checked twice:
 
-* ``symbolic``: one symbolic goal point (block / hash / holder), an unbounded pool of symbolic
-  size (see ``z3_model.RestOps`` for how pool-wide sums are abstracted and why that is sound;
-  the frame side conditions it needs are proved here too). Invariants are assumed at the goal
-  point, at the transition's own block/holder/hash, at the hashes those blocks carry and at
-  the blocks the hash map sends those hashes to. Quantifier-free: sat/unsat, not ``unknown``.
-* ``bounded``: an explicit pool of N blocks, R holders (``BoundedConfig``), every invariant
-  assumed everywhere; a failure comes back as a concrete pool, in the spec's own vocabulary.
+* ``symbolic``: one symbolic goal point (block / hash / holder / launch), an unbounded pool of
+  symbolic size (see ``z3_model.RestOps`` for how pool-wide sums are abstracted and why that
+  is sound; the frame side conditions it needs are proved here too), an unbounded clock.
+  Invariants are assumed at the goal point, at the transition's own block/holder/hash/launch,
+  at the hashes those blocks carry, at the blocks the hash map sends those hashes to, and at
+  the launches numbered ``clock[WATERMARK]`` (``advance`` reads ``inflight`` there) and
+  ``clock[ISSUED]`` (the next launch). Quantifier-free: sat/unsat, not ``unknown``.
+  A transition with no parameter (``advance``) gets a fresh anchor block and holder.
+* ``bounded``: an explicit pool of N blocks, R holders, launches and clock values ``0..K``
+  (``BoundedConfig``), every invariant assumed everywhere; a failure comes back as a concrete
+  pool, in the spec's own vocabulary.
 
 ``unknown`` (time-out, unsupported shape) is reported as such and is never a pass.
 """
@@ -29,6 +33,7 @@ import z3
 
 from pagedkv.spec.invariants import Invariant
 from pagedkv.spec.ops import Z3Ops
+from pagedkv.spec.states import ISSUED, WATERMARK
 from pagedkv.spec.transitions import Transition
 
 from .z3_model import (
@@ -108,12 +113,12 @@ class Frame:
     goal_point: Any = None
     extra_blocks: list[Any] = field(default_factory=list)
     extra_hashes: list[Any] = field(default_factory=list)
+    extra_launches: list[Any] = field(default_factory=list)
 
 
 def _goal_var(scope: str) -> Any:
-    return {"block": z3.Int("goal_b"), "hash": z3.Int("goal_h"), "holder": z3.Int("goal_r")}.get(
-        scope
-    )
+    return {"block": z3.Int("goal_b"), "hash": z3.Int("goal_h"), "holder": z3.Int("goal_r"),
+            "launch": z3.Int("goal_L")}.get(scope)
 
 
 def build_frame(
@@ -125,12 +130,14 @@ def build_frame(
     extra_blocks: int = 0,
     tag: str = "pre_",
     extra_hashes: int = 0,
+    extra_launches: int = 0,
 ) -> Frame:
     """Pre-state, parameters, and Inv at every relevant point (see module doc)."""
     invs = proof_invariants(invariants)
     params = param_vars(t, "p_") if t is not None else {}
     extra = [z3.Int(f"blk{i}") for i in range(extra_blocks)]
     xh = [z3.Int(f"hash{i}") for i in range(extra_hashes)]
+    xl = [z3.Int(f"launch{i}") for i in range(extra_launches)]
     if mode == "bounded":
         s, dom = bounded_state(cfg, tag)
         ops: Any = Z3Ops()
@@ -139,20 +146,21 @@ def build_frame(
             hyps.append(param_domain(param_kind(p), v, s, cfg))
         hyps += [param_domain("block", v, s, cfg) for v in extra]
         hyps += [param_domain("hash", v, s, cfg) for v in xh]
-        uni = Universe(list(range(cfg.blocks)), list(range(cfg.holders)), list(cfg.hashes))
+        hyps += [param_domain("launch", v, s, cfg) for v in xl]
+        uni = Universe(list(range(cfg.blocks)), list(range(cfg.holders)), list(cfg.hashes),
+                       launches=list(cfg.launch_keys))
         for inv in invs.values():
-            pts = {"block": uni.blocks, "hash": uni.hashes, "holder": uni.holders,
-                   "pool": [None]}[inv.scope]
-            hyps += [instance(ops, inv, s, p) for p in pts]
+            hyps += [instance(ops, inv, s, p) for p in points(uni, inv.scope)]
         goal = None
         return Frame(s, params, hyps, ops, uni, tuple(s.block_ids), tuple(s.holder_ids), goal,
-                     extra, xh)
+                     extra, xh, xl)
 
     # symbolic
     s = symbolic_state(tag)
     blocks = [v for p, v in params.items() if param_kind(p) == "block"] + extra
     holders = [v for p, v in params.items() if param_kind(p) == "holder"]
     hash_params = [v for p, v in params.items() if param_kind(p) == "hash"]
+    launch_params = [v for p, v in params.items() if param_kind(p) == "launch"]
     anchors_b = tuple(blocks) or (z3.Int("anchor_b"),)
     anchors_r = tuple(holders) or (z3.Int("anchor_r"),)
     s = s.replace(block_ids=anchors_b, holder_ids=anchors_r)
@@ -167,6 +175,7 @@ def build_frame(
     pt_blocks = list(anchors_b)
     pt_hashes = list(hash_params) + xh
     pt_holders = list(anchors_r)
+    pt_launches = launch_params + xl + [s.clock[WATERMARK], s.clock[ISSUED]]
     if goal_scope == "block":
         hyps.append(in_range(s, goal))
         pt_blocks.insert(0, goal)
@@ -174,6 +183,8 @@ def build_frame(
         pt_hashes.insert(0, goal)
     elif goal_scope == "holder":
         pt_holders.insert(0, goal)
+    elif goal_scope == "launch":
+        pt_launches.insert(0, goal)
     pt_hashes += [s.hash[b] for b in pt_blocks]
     guarded_blocks = [s.hmap[h] for h in pt_hashes]
     for inv in invs.values():
@@ -184,10 +195,21 @@ def build_frame(
             hyps += [instance(ops, inv, s, h) for h in pt_hashes]
         elif inv.scope == "holder":
             hyps += [instance(ops, inv, s, r) for r in pt_holders]
+        elif inv.scope == "launch":
+            hyps += [instance(ops, inv, s, L) for L in pt_launches]
         elif inv.scope == "pool":
             hyps.append(instance(ops, inv, s, None))
-    uni = Universe(pt_blocks, pt_holders, pt_hashes[: len(pt_hashes) - len(pt_blocks)])
-    return Frame(s, params, hyps, ops, uni, anchors_b, anchors_r, goal, extra, xh)
+        else:  # pragma: no cover - a scope this prover does not know is never a silent pass
+            raise ValueError(f"induction: unknown invariant scope {inv.scope!r}")
+    uni = Universe(pt_blocks, pt_holders, pt_hashes[: len(pt_hashes) - len(pt_blocks)],
+                   launches=pt_launches)
+    return Frame(s, params, hyps, ops, uni, anchors_b, anchors_r, goal, extra, xh, xl)
+
+
+def points(uni: Universe, scope: str) -> list[Any]:
+    """The points of a universe an invariant of ``scope`` is instantiated at."""
+    return {"block": uni.blocks, "hash": uni.hashes, "holder": uni.holders,
+            "launch": uni.launches, "pool": [None]}[scope]
 
 
 def solve(
@@ -220,7 +242,7 @@ def _violated_points(m: z3.ModelRef, ops: Any, inv: Invariant, post: Any, uni: U
         return f"{inv.scope} {_py(m.eval(goal, model_completion=True))}"
     if inv.scope == "pool":
         return "pool"
-    pts = {"block": uni.blocks, "hash": uni.hashes, "holder": uni.holders}[inv.scope]
+    pts = points(uni, inv.scope)
     bad = [p for p in pts
            if z3.is_false(m.eval(instance(ops, inv, post, p), model_completion=True))]
     return f"{inv.scope} {', '.join(map(str, bad))}"
@@ -231,7 +253,8 @@ def _counterexample(
 ) -> dict[str, Any]:
     uni = fr.universe
     if fr.goal_point is not None and inv.scope == "hash":
-        uni = Universe(uni.blocks, uni.holders, [fr.goal_point] + uni.hashes)
+        uni = Universe(uni.blocks, uni.holders, [fr.goal_point] + uni.hashes,
+                       launches=uni.launches)
     params = {p: _py(m.eval(v, model_completion=True)) for p, v in fr.params.items()}
     rest = {}
     if isinstance(fr.ops, RestOps):
@@ -279,9 +302,7 @@ def prove_obligation(
     guard = t.guard(ops, s, **fr.params)
     post = t.effect(ops, s, **fr.params)
     if mode == "bounded":
-        pts = {"block": fr.universe.blocks, "hash": fr.universe.hashes,
-               "holder": fr.universe.holders, "pool": [None]}[inv.scope]
-        goal = z3.And(*[instance(ops, inv, post, p) for p in pts])
+        goal = z3.And(*[instance(ops, inv, post, p) for p in points(fr.universe, inv.scope)])
         side: list[Any] = []
     else:
         instance(ops, inv, s, fr.goal_point)  # the pre instance (already assumed) - same rest

@@ -94,9 +94,10 @@ TARGETS = (
     Target("allocator/pool.py", "pagedkv.allocator.pool", "allocator",
            functions=frozenset({"__getitem__", "_enter", "check_block_id", "_move",
                                 "open_holder", "close_holder", "allocate", "publish",
-                                "begin_access", "end_access", "commit", "share", "release",
-                                "evict", "recycle", "_invalidate", "_recycle_if_safe", "usable",
-                                "take", "lookup"})),
+                                "begin_write", "end_write", "launch", "complete", "advance",
+                                "advance_watermark", "_drain", "busy", "rewind", "commit",
+                                "share", "release", "evict", "recycle", "_invalidate",
+                                "_recycle_if_safe", "usable", "waiting", "take", "lookup"})),
     Target("allocator/lru.py", "pagedkv.allocator.lru", "allocator"),
     Target("allocator/hashing.py", "pagedkv.allocator.hashing", "allocator"),
     # the whole request layer: argument checks, prefix hits, room planning, every public
@@ -140,8 +141,8 @@ _ALIGNED = ("when issued is a multiple of B the entry at issued // B has never b
 EQUIVALENT: dict[str, str] = {
     **{f"allocator/pool.py:{fn}:{op}:if type(b) is not int or not 0 <= b < self.num_blocks: "
        f"-> if type(b) is not int or not {new} < self.num_blocks:": _FAST_RANGE
-       for fn in ("allocate", "publish", "begin_access", "end_access", "commit", "share",
-                  "release", "evict", "recycle")
+       for fn in ("allocate", "publish", "begin_write", "end_write", "rewind", "commit",
+                  "share", "release", "evict", "recycle")
        for op, new in (("int+1", "1 <= b"), ("cmp", "0 < b"))},
     "allocator/pool.py:_enter:bool:params = dict(zip(t.params, args, strict=True)) -> "
     "params = dict(zip(t.params, args, strict=False))": _STRICT,
@@ -163,9 +164,6 @@ EQUIVALENT: dict[str, str] = {
     "if entry is None or entry[1] is not t:":
         "entry[1] (a guard function) is never the Transition, so every call rebinds: the "
         "same compiled or interpreted functions, only slower",
-    "allocator/pool.py:_enter:delete-stmt:self._pre = None -> pass":
-        "_verify resets _pre to None after each use and no effect raises between _enter and "
-        "_verify, so _pre is already None on this path",
     "allocator/pool.py:allocate:delete-stmt:self.filled[b] = 0 -> pass":
         "allocate's guard needs FREE and exclusive_writes makes FREE blocks have filled == 0: "
         "the store writes the value already there",
@@ -198,15 +196,8 @@ EQUIVALENT: dict[str, str] = {
                     ("b for b, f in zip(p.table, fresh, ", ""))},
     "allocator/allocator.py:publish:drop-and-clause:if req.issued < req.reserved and "
     "req.issued % B: -> if req.issued < req.reserved and True:": _ALIGNED,
-    "allocator/allocator.py:publish:drop-and-clause:if req.issued < req.reserved and "
-    "req.issued % B and pool.ref[req.table[i]] > 1: -> if req.issued < req.reserved and True "
-    "and pool.ref[req.table[i]] > 1:": _ALIGNED,
     **{f"allocator/allocator.py:publish:{op}:if pool.ref[b] > 1: -> if pool.ref[b] {new}:":
        _WRITERS_REF1 for op, new in (("cmp", ">= 1"), ("int-1", "> 0"))},
-    "allocator/allocator.py:publish:drop-copy:tables.append(list(req.table)) -> "
-    "tables.append(req.table)":
-        "tables is local: each entry is copied into the int32 block_tables array (and its "
-        "width read) before any table changes, and nothing keeps the list",
     "allocator/allocator.py:_reclaim_launches:bool:self._complete(launch, False) -> "
     "self._complete(launch, True)":
         "strict only matters for a launch already completed; every launch passed is taken from "
@@ -222,7 +213,7 @@ EQUIVALENT: dict[str, str] = {
        f"max(tokens) > _I64_MAX): -> if tokens and ({new}):": _RANGE_RECHECK
        for new in ("min(tokens) <= _I64_MIN or max(tokens) > _I64_MAX",
                    "min(tokens) < _I64_MIN or max(tokens) >= _I64_MAX")},
-    **{f"allocator/pool.py:begin_access:{op}:if type(w) is not int or not 0 <= w <= "
+    **{f"allocator/pool.py:begin_write:{op}:if type(w) is not int or not 0 <= w <= "
        f"self.block_size: -> if type(w) is not int or not {new} self.block_size:": _FAST_COUNT
        for op, new in (("int+1", "1 <= w <="), ("cmp", "0 < w <="), ("cmp", "0 <= w <"))},
     **{f"allocator/pool.py:commit:{op}:if type(h) is not int or not 0 <= h <= MAX_HASH: -> "
@@ -248,16 +239,9 @@ EQUIVALENT: dict[str, str] = {
     "-> if not keys or set(map(type, keys)) < _PLAIN_KEY_TYPES:":
         "keys of all three plain types then go through _canonical_key, which returns a plain "
         "key as is: an equal tuple",
-    "allocator/allocator.py:publish:drop-and-clause:if b in copied and w: -> "
-    "if b in copied and True:":
-        "a copy is made only for the entry at issued // B with issued < reserved, which this "
-        "launch always writes (w > 0)",
     "allocator/allocator.py:publish:bool:for k, (t, g) in enumerate(zip(tables, gens, "
     "strict=True)): -> for k, (t, g) in enumerate(zip(tables, gens, strict=False)):":
         "tables and gens get one entry each per request in the same loop iteration",
-    "allocator/allocator.py:publish:delete-stmt:pool.publish(dst, req.rid) -> pass":
-        "the copy's block stays ALLOCATED in the table, and the loop below publishes every "
-        "ALLOCATED entry before begin_access: same transitions, same post-state",
 }
 
 

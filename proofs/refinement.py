@@ -24,6 +24,7 @@ from pagedkv.allocator import (
     CommitError,
     DoubleFree,
     DuplicateRequest,
+    GuardViolation,
     InvalidArgument,
     OutOfBlocks,
     PendingAccess,
@@ -36,10 +37,13 @@ from pagedkv.spec import (
     ALLOCATED,
     CACHED,
     FREE,
+    ISSUED,
     PUBLISHED,
     RECLAIMED,
     REFERENCED,
+    WATERMARK,
     initial_state,
+    launch_ids,
     live_instances,
     states_equal,
     step,
@@ -145,12 +149,22 @@ class AllocatorMachine(RuleBasedStateMachine):
             return exc
         raise AssertionError(f"expected {error.__name__}")
 
+    def _past_watermark(self, b: int) -> bool:
+        """Every launch that may have read b's content has completed (spec: its retire clock
+        is at or below the watermark)."""
+        return self.model.retire[b] <= self.model.clock[WATERMARK]
+
     def _usable(self) -> int:
         m = self.model
         cached_idle = sum(
-            1 for b in m.block_ids if m.state[b] == CACHED and m.pending[b] == 0
+            1 for b in m.block_ids if m.state[b] == CACHED and self._past_watermark(b)
         )
         return m.count[FREE] + cached_idle
+
+    def _revived(self, hits: list[int]) -> int:
+        """Hits that take a block allocations could otherwise use (idle CACHED ones)."""
+        return sum(1 for b in hits
+                   if self.model.state[b] == CACHED and self._past_watermark(b))
 
     def _hits(self, e: Expect) -> list[int]:
         """The prefix hits the first allocate takes: all of them, whatever the first chunk."""
@@ -206,9 +220,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         hits = [] if e.started else self._hits(e)
         asked, n = n, max(n, len(hits) * self.B)  # a first chunk smaller than the hits
         need = blocks_needed(n, self.B) - e.table_len - len(hits)
-        revived = sum(
-            1 for b in hits if self.model.state[b] == CACHED and self.model.pending[b] == 0
-        )
+        revived = self._revived(hits)
         # Events only turn done in event_fires, which reclaims at once: the spec's room is
         # exactly what the allocator can take.
         if need > self._usable() - revived:
@@ -444,8 +456,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             hits = [] if e.started else self._hits(e)
             target = max(target, len(hits) * self.B)
             need = blocks_needed(target, self.B) - e.table_len - len(hits)
-            revived = sum(1 for b in hits if self.model.state[b] == CACHED
-                          and self.model.pending[b] == 0)
+            revived = self._revived(hits)
             if need > self._usable() - revived:
                 _event("serve_step: no room")
                 return
@@ -574,7 +585,8 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _reclaimed_pending(self) -> list[int]:
         m = self.model
-        return [b for b in m.block_ids if m.state[b] == RECLAIMED and m.pending[b] > 0]
+        return [b for b in m.block_ids if m.state[b] == RECLAIMED
+                and (not self._past_watermark(b) or m.wpend[b] > 0)]
 
     def _draw_unheld(self, data) -> tuple[str, int]:
         """A (holder, block) pair where the holder (maybe an unknown one) lacks the block."""
@@ -602,8 +614,21 @@ class AllocatorMachine(RuleBasedStateMachine):
         if data.draw(st.booleans()):
             self._refused(lambda: self.alloc.pool.publish(b, r), PublishError)
         else:
-            self._refused(lambda: self.alloc.pool.begin_access(b, r, 0), PublishError)
+            self._refused(lambda: self.alloc.pool.begin_write(b, r, 1), PublishError)
         _event("publish_unowned refused")
+
+    def launch_misnumbered(self, data):
+        """A launch must take the next number, and only an in-flight launch completes."""
+        issued = self.model.clock[ISSUED]
+        if data.draw(st.booleans()):
+            L = data.draw(st.sampled_from([issued + 1, max(0, issued - 1), issued + 7]))
+            if L != issued:
+                self._refused(lambda: self.alloc.pool.launch(L), GuardViolation)
+        else:
+            inflight = {launch.seq for launch in self.launches if not launch.completed}
+            L = data.draw(st.sampled_from(sorted({0, issued, issued + 3} - inflight)))
+            self._refused(lambda: self.alloc.pool.complete(L), GuardViolation)
+        _event("launch_misnumbered refused")
 
     def allocate_taken_block(self, data):
         taken = [b for b in self.model.block_ids if self.model.state[b] != FREE]
@@ -614,7 +639,8 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # ---- invariants ---------------------------------------------------------------------------
     def _misuse_kinds(self) -> list[str]:
-        kinds = ["double_free", "publish_unowned", "bad_arguments", "evict_or_recycle"]
+        kinds = ["double_free", "publish_unowned", "bad_arguments", "evict_or_recycle",
+                 "launch_misnumbered"]
         if self._reclaimed_pending():
             kinds.append("recycle_while_pending")
         if self.expect:
@@ -653,14 +679,20 @@ class AllocatorMachine(RuleBasedStateMachine):
         m = self.model
         assert counts["free"] == m.count[FREE]
         assert counts["held"] == m.count[ALLOCATED] + m.count[PUBLISHED] + m.count[REFERENCED]
-        busy = sum(1 for b in m.block_ids if m.state[b] == CACHED and m.pending[b] > 0)
+        busy = sum(1 for b in m.block_ids if m.state[b] == CACHED and not self._past_watermark(b))
         assert counts["cached"] == m.count[CACHED]
         assert counts["evictable_after_launches"] == busy
         assert counts["allocatable_now"] == self._usable()
         assert counts["waiting_on_launches"] == m.count[RECLAIMED] + busy
-        assert counts["pinned_by_launches"] == sum(1 for b in m.block_ids if m.pending[b] > 0)
+        assert counts["inflight_launches"] == sum(1 for L in launch_ids(m) if m.inflight[L])
         assert counts["occupancy_tokens"] == sum(e.reserved for e in self.expect.values())
         assert counts["occupancy_blocks"] == sum(e.table_len for e in self.expect.values())
+        # Reclamation is eager: the watermark is as far as the spec lets it go, and every
+        # block the spec lets recycle is FREE (nothing waits longer than its readers).
+        assert step(m, "advance") is None, "the watermark lags behind completed launches"
+        stuck = [b for b in m.block_ids
+                 if m.state[b] == RECLAIMED and step(m, "recycle", b=b) is not None]
+        assert not stuck, f"blocks {stuck} could be recycled but are not"
         note(f"counts={counts}")
 
     def teardown(self):

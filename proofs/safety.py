@@ -13,12 +13,27 @@ no double free
     release(b, r) is disabled when r does not hold b or ref[b] <= 0; and right after a
     release(b, r) a second release(b, r) is disabled and ref[b] >= 0.
 no publication before initialization
-    any transition that makes a block PUBLISHED, or starts an access to it (pending grows),
-    or hands it to a holder (holds[r][b] becomes true), finds its record initialized, and
-    leaves it initialized.
+    any transition that makes a block PUBLISHED, or starts a write to it (wpend grows), or
+    hands it to a holder (holds[r][b] becomes true), finds its record initialized, and leaves
+    it initialized; any transition that publishes a launch (``inflight[L]`` becomes true)
+    finds every block a table holds (``ref > 0``) initialized: that launch may read them.
 no recycling while accesses are pending
-    any transition that makes a block FREE finds pending[b] == 0; any transition that hands
-    a block out anew (-> ALLOCATED) finds pending[b] == 0.
+    Launches are not tracked per block any more; a launch pins by its number every block a
+    table holds when it is published, and a block is retired at the clock when its last
+    holder lets it go. Three claims:
+    (1) any transition that makes a block FREE, or hands it out anew (-> ALLOCATED), finds no
+        write pending on it (``wpend == 0``) and no launch in flight numbered below its retire
+        stamp (for every L: ``inflight[L] -> L >= retire[b]``);
+    (2) the readers ghost. ``may_read[b][L]``: launch L was published while a table held b
+        (``ref[b] > 0``) - under the assumption that a launch reads only blocks some table
+        holds when it is published. The ghost is updated by every transition that publishes
+        a launch (``inflight[L]`` false -> true), whatever its name. The ghost invariant
+        ``may_read[b][L] -> L < clock[ISSUED]`` and ``may_read[b][L] and inflight[L] and
+        ref[b] == 0 -> L < retire[b]`` (a launch that may read a block nobody holds any more is
+        numbered below its retire stamp) is preserved by every transition;
+    (3) with it: any transition that makes a block FREE finds no launch in flight that may
+        have read it. This is what "retired at the clock" is for: release without the stamp
+        breaks (2), a recycle guard without ``retire[b] <= clock[WATERMARK]`` breaks (1), (3).
 no prefix hit on unwritten KV
     a block the hash map returns (hmap[c] = b, c != NO_HASH) is full and its writes have
     completed (``spec.transitions.slots_written``), and if share(b, r) is enabled for it, the
@@ -59,7 +74,7 @@ from pagedkv.spec.invariants import (
     NO_UNWRITTEN_HIT,
     Invariant,
 )
-from pagedkv.spec.states import ALLOCATED, FREE, NO_BLOCK, NO_HASH, PUBLISHED
+from pagedkv.spec.states import ALLOCATED, FREE, ISSUED, NO_BLOCK, NO_HASH, PUBLISHED
 from pagedkv.spec.transitions import Transition, slots_written
 
 from .induction import COUNTEREXAMPLE, PROVED, UNKNOWN, build_frame, solve
@@ -86,6 +101,10 @@ class Claim:
     build: Callable[[Any, Any], Any]
     extra_blocks: int = 0
     extra_hashes: int = 0
+    extra_launches: int = 0
+    # extra_blocks[0] is any block, the transition's own included: in the symbolic pool it is
+    # the goal point (not an anchor, so not assumed distinct from the transition's blocks)
+    any_block: bool = False
     modes: tuple[str, ...] = ("symbolic", "bounded")
 
 
@@ -120,6 +139,36 @@ def _holder_param(t: Transition) -> str | None:
     return next((p for p in t.params if param_kind(p) == "holder"), None)
 
 
+# --- the readers ghost (see the module doc, claim (2)) -----------------------------------------
+MAY_READ = "may_read"
+
+
+def _ghost() -> Any:
+    return z3.Array(MAY_READ, z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.BoolSort()))
+
+
+def _held(s: Any, b: Any) -> Any:
+    return s.ref[b] > 0
+
+
+def _publishes(s: Any, post: Any, L: Any) -> Any:
+    """The transition publishes launch L (it was not in flight and is now)."""
+    return z3.And(z3.Not(s.inflight[L]), post.inflight[L])
+
+
+def may_read_after(s: Any, post: Any, b: Any, L: Any) -> Any:
+    """The ghost after a transition, at (b, L): a launch published now may read every block a
+    table holds now."""
+    return z3.Or(_ghost()[b][L], z3.And(_publishes(s, post, L), _held(s, b)))
+
+
+def readers_invariant(s: Any, may_read: Any, b: Any, L: Any) -> Any:
+    return z3.And(
+        z3.Implies(may_read, L < s.clock[ISSUED]),
+        z3.Implies(z3.And(may_read, s.inflight[L], s.ref[b] == 0), L < s.retire[b]),
+    )
+
+
 def claims(transitions: Mapping[str, Transition]) -> list[Claim]:
     out: list[Claim] = []
     T = transitions
@@ -151,26 +200,28 @@ def claims(transitions: Mapping[str, Transition]) -> list[Claim]:
             b, s = fr.params[bp], fr.s
             hands_out = z3.Or(
                 z3.And(post.state[b] == PUBLISHED, s.state[b] != PUBLISHED),
-                post.pending[b] > s.pending[b],
+                post.wpend[b] > s.wpend[b],
                 z3.Or(*[z3.And(post.holds[r][b], z3.Not(s.holds[r][b])) for r in fr.anchors_r]),
             )
             # allocate initializes the record itself: the post-state is what is handed out
             return z3.Implies(hands_out, post.init[b])
 
-        out.append(Claim(NO_EARLY_PUBLICATION, "publishing / accessing / handing out a block "
+        out.append(Claim(NO_EARLY_PUBLICATION, "publishing / writing / handing out a block "
                          "finds it initialized", t.name, init_seen))
 
-        # -- no recycling while pending (generic)
+        # -- no recycling while pending (generic), claim (1)
         def no_recycle_pending(fr: Any, post: Any, bp: str = bp) -> Any:
             b, s = fr.params[bp], fr.s
+            L = fr.extra_launches[0]
+            idle = z3.And(s.wpend[b] == 0, z3.Implies(s.inflight[L], L >= s.retire[b]))
             return z3.And(
-                z3.Implies(z3.And(s.state[b] != FREE, post.state[b] == FREE), s.pending[b] == 0),
-                z3.Implies(z3.And(s.state[b] != ALLOCATED, post.state[b] == ALLOCATED),
-                           s.pending[b] == 0),
+                z3.Implies(z3.And(s.state[b] != FREE, post.state[b] == FREE), idle),
+                z3.Implies(z3.And(s.state[b] != ALLOCATED, post.state[b] == ALLOCATED), idle),
             )
 
-        out.append(Claim(NO_RECYCLE_WHILE_PENDING, "-> FREE / -> ALLOCATED only with "
-                         "pending == 0", t.name, no_recycle_pending))
+        out.append(Claim(NO_RECYCLE_WHILE_PENDING, "-> FREE / -> ALLOCATED only with no write "
+                         "pending and no launch in flight below the retire stamp", t.name,
+                         no_recycle_pending, extra_launches=1))
 
         # -- copy-on-write (generic)
         def cow(fr: Any, post: Any, bp: str = bp) -> Any:
@@ -182,6 +233,40 @@ def claims(transitions: Mapping[str, Transition]) -> list[Claim]:
 
         out.append(Claim(COPY_ON_WRITE, "a write finds the block PUBLISHED, ref 1, unhashed",
                          t.name, cow))
+
+    for t in T.values():
+        # -- a launch reads initialized blocks (generic: any transition that publishes one)
+        def launch_reads_initialized(fr: Any, post: Any) -> Any:
+            s, b, L = fr.s, fr.extra_blocks[0], fr.extra_launches[0]
+            return z3.Implies(z3.And(_publishes(s, post, L), _held(s, b)), s.init[b])
+
+        out.append(Claim(NO_EARLY_PUBLICATION, "a launch published finds every held block "
+                         "initialized", t.name, launch_reads_initialized, extra_blocks=1,
+                         extra_launches=1, any_block=True))
+
+        # -- the readers ghost is preserved (generic), claim (2)
+        def readers_kept(fr: Any, post: Any) -> Any:
+            s, b, L = fr.s, fr.extra_blocks[0], fr.extra_launches[0]
+            before = readers_invariant(s, _ghost()[b][L], b, L)
+            return z3.Implies(before, readers_invariant(post, may_read_after(s, post, b, L),
+                                                        b, L))
+
+        out.append(Claim(NO_RECYCLE_WHILE_PENDING, "a launch that may read a block nobody holds "
+                         "is numbered below its retire stamp (readers ghost kept)", t.name,
+                         readers_kept, extra_blocks=1, extra_launches=1, any_block=True))
+
+        # -- claim (3): freed only after its readers
+        def freed_after_readers(fr: Any, post: Any) -> Any:
+            s, b, L = fr.s, fr.extra_blocks[0], fr.extra_launches[0]
+            mr = _ghost()[b][L]
+            return z3.Implies(
+                z3.And(readers_invariant(s, mr, b, L), s.state[b] != FREE, post.state[b] == FREE,
+                       may_read_after(s, post, b, L)),
+                z3.And(z3.Not(s.inflight[L]), z3.Not(post.inflight[L])))
+
+        out.append(Claim(NO_RECYCLE_WHILE_PENDING, "-> FREE only once every launch that may "
+                         "have read the block completed", t.name, freed_after_readers,
+                         extra_blocks=1, extra_launches=1, any_block=True))
 
     # -- no prefix hit on unwritten KV / isolation
     def hit(fr: Any) -> tuple[Any, Any, Any]:
@@ -200,7 +285,7 @@ def claims(transitions: Mapping[str, Transition]) -> list[Claim]:
             c, b, is_hit = hit(fr)
             return z3.Implies(is_hit, z3.And(
                 slots_written(fr.ops, post, b, post.block_size),
-                post.state[b] != PUBLISHED,  # no writer can begin_access it (needs PUBLISHED)
+                post.state[b] != PUBLISHED,  # no writer can begin_write it (needs PUBLISHED)
             ))
 
         def share_isolated(fr: Any, post: Any) -> Any:
@@ -251,8 +336,12 @@ def check_claim(
 ) -> ClaimResult:
     t0 = time.perf_counter()
     t = transitions[c.transition] if c.transition else None
-    fr = build_frame(mode, t, invariants, cfg, extra_blocks=c.extra_blocks,
-                     extra_hashes=c.extra_hashes)
+    point = c.any_block and mode == "symbolic"
+    fr = build_frame(mode, t, invariants, cfg, goal_scope="block" if point else None,
+                     extra_blocks=c.extra_blocks - point, extra_hashes=c.extra_hashes,
+                     extra_launches=c.extra_launches)
+    if point:
+        fr.extra_blocks = [fr.goal_point, *fr.extra_blocks]
     facts = list(fr.hyps)
     post = None
     if t is not None:
@@ -266,17 +355,29 @@ def check_claim(
     cx = text = None
     if res == COUNTEREXAMPLE:
         uni = Universe(fr.universe.blocks + list(fr.extra_blocks), fr.universe.holders,
-                       fr.universe.hashes + list(fr.extra_hashes))
+                       fr.universe.hashes + list(fr.extra_hashes),
+                       launches=fr.universe.launches + list(fr.extra_launches))
+        ghost = {}
+        if fr.extra_launches and fr.extra_blocks and post is not None:
+            b, L = fr.extra_blocks[0], fr.extra_launches[0]
+            ev = lambda e: str(m.eval(e, model_completion=True))  # noqa: E731
+            ghost = {"block": ev(b), "launch": ev(L), "may_read_before": ev(_ghost()[b][L]),
+                     "may_read_after": ev(may_read_after(fr.s, post, b, L))}
         cx = {
             "property": c.prop, "claim": c.name, "transition": c.transition,
             "params": {p: str(m.eval(v, model_completion=True)) for p, v in fr.params.items()},
             "extra": {str(v): str(m.eval(v, model_completion=True))
-                      for v in fr.extra_blocks + fr.extra_hashes},
+                      for v in fr.extra_blocks + fr.extra_hashes + fr.extra_launches},
+            "ghost": ghost,
             "pre": decode_state(m, fr.s, uni),
             "post": decode_state(m, post, uni) if post is not None else None,
         }
         text = (f"counterexample to {c.prop!r} ({c.name}) via {c.transition}"
-                f"({cx['params']}) {cx['extra']}\n pre-state:\n{format_state(cx['pre'], '   ')}")
+                f"({cx['params']}) {cx['extra']}\n")
+        if ghost:
+            text += (f" ghost: launch {ghost['launch']} may read block {ghost['block']}: "
+                     f"{ghost['may_read_before']} before, {ghost['may_read_after']} after\n")
+        text += f" pre-state:\n{format_state(cx['pre'], '   ')}"
         if post is not None:
             text += f"\n post-state:\n{format_state(cx['post'], '   ')}"
     return ClaimResult(c.prop, c.name, c.transition, mode, res,
@@ -290,9 +391,13 @@ def prove_safety(
     timeout_ms: int = 20000,
     progress: Callable[[str], None] | None = None,
     modes: tuple[str, ...] = ("symbolic", "bounded"),
+    only: set[str] | None = None,
 ) -> dict[str, SafetyResult]:
+    """Every claim in every mode; ``only``: just the claims about these transitions."""
     out: dict[str, SafetyResult] = {}
     for c in claims(transitions):
+        if only is not None and c.transition not in only:
+            continue
         for mode in c.modes:
             if mode not in modes:
                 continue

@@ -12,11 +12,26 @@ Two encodings of a pre-state:
   them gets a fresh "rest of the pool" integer added (see ``RestOps``). That is a sound
   abstraction of an unbounded pool (argument in ``RestOps``' docstring), and it keeps every
   query quantifier-free, so z3 answers sat/unsat rather than ``unknown``.
-* ``bounded``: ``N`` blocks with ids ``0..N-1``, ``R`` holders ``0..R-1``, hashes ``1..N+1``;
+* ``bounded``: ``N`` blocks with ids ``0..N-1``, ``R`` holders ``0..R-1``, hashes ``1..N+1``,
+  launches ``0..K`` and clock values (``clock[ISSUED]``, ``clock[WATERMARK]``) in ``0..K``;
   every array is an explicit ``Store`` chain over a constant default (``z3.K``), one variable
   per entry. Any pool of exactly N blocks and R holders is such a state up to renaming of hash
   values (at most N hashes are in use, plus one fresh one a commit may register), so the
   bounded proof is complete for that size, and a counterexample reads like a concrete pool.
+
+  Launches. Every launch a state can name is explicit: a launch in flight is numbered below
+  ``clock[ISSUED] <= K`` (``launch_window``), and the only launch a transition adds is number
+  ``clock[ISSUED] <= K`` (``launch``'s guard), so no entry of ``inflight`` outside ``0..K`` is
+  read or written except at its default (not in flight). Soundness: the bounded proof is a
+  proof about the states it describes, nothing more. Completeness, for states whose clock
+  window ``clock[ISSUED] - clock[WATERMARK]`` is at most K: the spec reads clock values (the
+  two clock entries, ``retire`` stamps, launch numbers) only by comparing them with one
+  another and with 0 and by adding 1, so shifting every clock value and launch number down by
+  the watermark and clamping the ``retire`` stamps below it to it (``proofs.epochs``) maps a
+  counterexample to one with watermark 0 and issued <= K. That this normalization commutes
+  with every transition and preserves every invariant is not taken on trust: it is checked
+  with z3 for the spec at hand (``explore.normalization_lemma``), and the explorer relies on
+  it too. The unbounded, symbolic proof has no window bound.
 """
 
 from __future__ import annotations
@@ -31,7 +46,7 @@ import z3
 from pagedkv.spec.invariants import INVARIANTS, Invariant
 from pagedkv.spec.model import ARRAY_FIELDS, BLOCK_FIELDS, PoolState, initial_state
 from pagedkv.spec.ops import Arr, Z3Ops
-from pagedkv.spec.states import ALL_STATES, NO_BLOCK, NO_HASH, state_name
+from pagedkv.spec.states import ALL_STATES, ISSUED, NO_BLOCK, NO_HASH, WATERMARK, state_name
 from pagedkv.spec.transitions import PARAM_KINDS, TRANSITIONS, Transition
 
 # --- sorts and defaults, read off the spec's initial state ------------------------------------
@@ -63,7 +78,10 @@ FIELD_SORT = {f: _sort_of(getattr(_TEMPLATE, f)) for f in ARRAY_FIELDS}
 # What each field is indexed by (for the explicit encoding and for printing). A field the spec
 # adds later and that is missing here is left an unconstrained array (still sound).
 INDEX_KIND: dict[str, str] = {f: "block" for f in BLOCK_FIELDS}
-INDEX_KIND.update(hmap="hash", holds="holder", alive="holder", nheld="holder", count="state")
+INDEX_KIND.update(hmap="hash", holds="holder", alive="holder", nheld="holder", count="state",
+                  inflight="launch", clock="clock")
+CLOCK_KEYS = (ISSUED, WATERMARK)
+CLOCK_NAMES = {ISSUED: "issued", WATERMARK: "watermark"}
 
 # Transition parameters: what they range over. Unknown names are unconstrained integers.
 def param_kind(name: str) -> str:
@@ -173,17 +191,24 @@ class Universe:
     holders: list[Any]
     hashes: list[Any]
     states: list[Any] = field(default_factory=lambda: list(ALL_STATES))
+    launches: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class BoundedConfig:
     blocks: int = 3
     holders: int = 3
+    launches: int = 3  # K: clock values in 0..K, launches 0..K explicit
 
     @property
     def hashes(self) -> list[int]:
         # NO_HASH plus N + 1 real hashes: enough for every block's hash and one fresh one.
         return [NO_HASH] + list(range(1, self.blocks + 2))
+
+    @property
+    def launch_keys(self) -> list[int]:
+        # every launch in flight is < clock[ISSUED] <= K; launch(L) adds L = clock[ISSUED]
+        return list(range(self.launches + 1))
 
 
 def _explicit(tag: str, f: str, cfg: BoundedConfig, vars_: list[z3.ExprRef]) -> z3.ExprRef:
@@ -194,6 +219,8 @@ def _explicit(tag: str, f: str, cfg: BoundedConfig, vars_: list[z3.ExprRef]) -> 
         "holder": range(cfg.holders),
         "hash": cfg.hashes,
         "state": ALL_STATES,
+        "launch": cfg.launch_keys,
+        "clock": CLOCK_KEYS,
     }.get(kind or "", None)
     if keys is None:
         return z3.Const(f"{tag}{f}", FIELD_SORT[f])
@@ -236,6 +263,9 @@ def bounded_state(cfg: BoundedConfig, tag: str = "") -> tuple[PoolState, list[z3
     # hash values stay in the finite universe (complete up to renaming, see module doc)
     for b in range(cfg.blocks):
         dom.append(z3.Or(*[s.hash[b] == h for h in cfg.hashes]))
+    # clock values in 0..K: every launch the state can name is explicit (see module doc)
+    for k in CLOCK_KEYS:
+        dom += [s.clock[k] >= 0, s.clock[k] <= cfg.launches]
     return s, dom
 
 
@@ -261,6 +291,8 @@ def param_domain(kind: str, v: z3.ExprRef, s: PoolState, cfg: BoundedConfig | No
         return z3.Or(*[v == r for r in range(cfg.holders)])
     if kind == "hash" and cfg is not None:
         return z3.Or(*[v == h for h in cfg.hashes])
+    if kind == "launch" and cfg is not None:
+        return z3.Or(*[v == L for L in cfg.launch_keys])
     return z3.BoolVal(True)
 
 
@@ -295,7 +327,8 @@ def classify_sites(inv: Invariant) -> tuple[list[SitePlan], str | None]:
     s = symbolic_state("cls_")
     x, y = z3.Ints("cls_x cls_y")
     r, q = z3.Ints("cls_r cls_q")
-    pt = {"block": x, "hash": z3.Int("cls_h"), "holder": r, "pool": None}[inv.scope]
+    pt = {"block": x, "hash": z3.Int("cls_h"), "holder": r, "launch": z3.Int("cls_L"),
+          "pool": None}[inv.scope]
 
     def run(blocks: tuple[Any, ...], holders: tuple[Any, ...]) -> RecordingOps:
         ops = RecordingOps()
@@ -362,7 +395,11 @@ def decode_state(m: z3.ModelRef, s: PoolState, uni: Universe) -> dict[str, Any]:
         "holders": {},
         "hmap": {},
         "count": {state_name(st): _val(m, s.count[st]) for st in uni.states},
+        "clock": {CLOCK_NAMES[k]: _val(m, s.clock[k]) for k in CLOCK_KEYS},
+        "launches": {},
     }
+    for L in sorted({_val(m, x) for x in uni.launches}, key=_order):
+        out["launches"][L] = _val(m, s.inflight[L])
     for b in blocks:
         rec = {f: _val(m, getattr(s, f)[b]) for f in BLOCK_FIELDS}
         if "state" in rec and isinstance(rec["state"], int):
@@ -382,6 +419,13 @@ def decode_state(m: z3.ModelRef, s: PoolState, uni: Universe) -> dict[str, Any]:
 def format_state(d: Mapping[str, Any], indent: str = "  ") -> str:
     lines = [f"{indent}num_blocks={d['num_blocks']} block_size={d['block_size']} "
              f"count={d['count']}"]
+    if "clock" in d:
+        shown = d.get("launches", {})
+        inflight = [L for L, v in shown.items() if v is True]
+        others = [L for L, v in shown.items() if v is not True]
+        lines.append(f"{indent}clock: issued={d['clock'].get('issued')} "
+                     f"watermark={d['clock'].get('watermark')}; launches in flight: {inflight}"
+                     + (f"; not in flight: {others}" if others else ""))
     for b, rec in d["blocks"].items():
         lines.append(f"{indent}block {b}: " + " ".join(f"{k}={v}" for k, v in rec.items()))
     for r, rec in d["holders"].items():

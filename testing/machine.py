@@ -34,7 +34,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from pagedkv.spec import TRANSITIONS, states_equal, step, violations
+from pagedkv.spec import (
+    ALLOCATED,
+    ISSUED,
+    PUBLISHED,
+    REFERENCED,
+    TRANSITIONS,
+    state_name,
+    states_equal,
+    step,
+    violations,
+)
 from pagedkv.spec.explain import explain_refusal
 
 from .adapter import AdapterFactory, AllocatorAdapter, SpecView
@@ -203,6 +213,7 @@ class AdapterMachine(RuleBasedStateMachine):
 
     def _check_observations(self, last: str) -> None:
         a, m = self.adapter, self.model
+        m.note_released()
         self._replay(f"observing (after {last})", compare=True)
         for rid, req in m.reqs.items():
             table = self._ints(a.block_table(rid), f"block_table({rid!r})")
@@ -247,18 +258,27 @@ class AdapterMachine(RuleBasedStateMachine):
         self._check_pins(f"after {last}", pool)
 
     def _check_pins(self, when: str, pool: Any = None) -> None:
+        """Each block an in-flight launch reads is protected in the spec state: the launch is
+        in flight there and the block is held, or was retired after the launch's number (so
+        the watermark, which stays at or below every in-flight launch, cannot reach it)."""
         if pool is None:
             pool, _ = self.adapter.abstract()  # type: ignore[attr-defined]
-        pins: Counter[int] = Counter()
         for rec in self.model.inflight.values():
-            pins.update(rec.pins)
-        for b, n in sorted(pins.items()):
-            if pool.pending[b] < n:
-                who = ", ".join(self.model.pinned_by(b))
+            L = rec.number
+            if L is None:
+                continue
+            if not pool.inflight[L]:
+                self._fail("launch_pins", f"{rec.label} ({rec.call}) is in flight, but the "
+                                          f"spec state has launch {L} completed ({when})")
+            for b in sorted(rec.pins):
+                if pool.state[b] in (ALLOCATED, PUBLISHED, REFERENCED) or pool.retire[b] > L:
+                    continue
                 self._fail("launch_pins",
-                           f"block {b} is read by in-flight {who}, but the spec state has "
-                           f"{pool.pending[b]} pending accesses on it ({when}): nothing "
-                           f"would stop it being recycled while the kernels read it")
+                           f"block {b} is read by in-flight {rec.label} ({rec.call}), launch "
+                           f"{L} in the spec, but the spec state has it "
+                           f"{state_name(pool.state[b])}, retired at clock {pool.retire[b]} "
+                           f"({when}): nothing would stop it "
+                           f"being recycled while the kernels read it")
 
     # ---- model updates, shared by the rules ------------------------------------------------
     def _check_new_blocks(self, text: str, req: Req, table: list[int], start: int,
@@ -304,7 +324,8 @@ class AdapterMachine(RuleBasedStateMachine):
             if self.caps.exact_capacity and need <= available:
                 self._fail("refuses_only_when_full",
                            f"{text} was refused, but it needs {need} new blocks and "
-                           f"{available} are in no live table and pinned by no launch")
+                           f"{available} are free to reuse (in no live table, waiting for "
+                           f"no in-flight launch)")
             self._outcome("allocate: refused")
             return False
         self._accept_table(text, req, n, table, 0)
@@ -325,6 +346,7 @@ class AdapterMachine(RuleBasedStateMachine):
                                       f"positions of {self.B}")
         self._check_new_blocks(text, req, table, len(old), hits)
         req.table, req.reserved = table, n
+        self.model.note_released()
 
     def _admit(self, rid: Hashable, prompt: list[int], salt: str | None, chunk: int) -> Any:
         m, a = self.model, self.adapter
@@ -350,9 +372,9 @@ class AdapterMachine(RuleBasedStateMachine):
         n = min(hits + chunk, len(prompt))
         text = f"allocate({rid!r}, {n})"
         need = m.blocks_for(n) - hits // self.B
-        pinned, held = m.pinned(), m.held()
+        busy = m.unavailable()
         revive = sum(1 for i in range(hits // self.B)
-                     if any(b not in held and b not in pinned for b in m.candidates(req, i)))
+                     if any(b not in busy for b in m.candidates(req, i)))
         available = m.available()
         after_add = self._observe()
         refused, table = self._maybe(text, lambda: a.allocate(rid, n))
@@ -361,8 +383,8 @@ class AdapterMachine(RuleBasedStateMachine):
             if self.caps.exact_capacity and need + revive <= available:
                 self._fail("refuses_only_when_full",
                            f"{text} was refused at admission, but it needs {need} new blocks "
-                           f"(+ {revive} cached ones revived) and {available} are in no live "
-                           f"table and pinned by no launch")
+                           f"(+ {revive} cached ones revived) and {available} are free to "
+                           f"reuse (in no live table, waiting for no in-flight launch)")
             self._must(f"free({rid!r})", lambda: a.free(rid))
             self._unchanged(before, f"add_request({rid!r}) + a refused allocate + free")
             self._outcome("admit: refused")
@@ -379,6 +401,7 @@ class AdapterMachine(RuleBasedStateMachine):
 
     def _launch(self, rids: Sequence[Hashable], label: str) -> LaunchRec | None:
         m, a = self.model, self.adapter
+        m.note_released()  # blocks let go before this launch do not wait for it
         reqs = [m.reqs[r] for r in rids]
         writes = {
             r.rid: range(r.issued // self.B, m.blocks_for(r.reserved))
@@ -393,6 +416,8 @@ class AdapterMachine(RuleBasedStateMachine):
         available = m.available()
         text = f"launch({list(rids)!r})"
         before = self._observe()
+        # the spec numbers launches in publish order: this one takes the next number
+        number = a.abstract()[0].clock[ISSUED] if self.caps.spec_view else None  # type: ignore[attr-defined]
         refused, handle = self._maybe(text, lambda: a.launch(list(rids)), label)
         if refused:
             self._unchanged(before, text)
@@ -401,7 +426,8 @@ class AdapterMachine(RuleBasedStateMachine):
             if self.caps.exact_capacity and copies <= available:
                 self._fail("refuses_only_when_full",
                            f"{text} was refused, but its {copies} copy-on-write copies fit in "
-                           f"the {available} blocks in no live table and pinned by no launch")
+                           f"the {available} blocks free to reuse (in no live table, waiting "
+                           f"for no in-flight launch)")
             self._outcome("launch: refused (no room for copy-on-write)")
             return None
         held, pinned = m.held(), m.pinned()
@@ -436,8 +462,9 @@ class AdapterMachine(RuleBasedStateMachine):
                                f"{min(r.reserved, (i + 1) * self.B) - 1} of {r.rid!r} into "
                                f"block {b}, which the table of {others} also holds")
         pins = {b for r in reqs for b in r.table} | sources
-        rec = LaunchRec(label, tuple(rids), frozenset(pins), handle, text)
+        rec = LaunchRec(label, tuple(rids), frozenset(pins), handle, text, number)
         m.inflight[label] = rec
+        m.note_released()  # copy-on-write sources it replaced wait for it
         for r in reqs:
             r.issued = r.reserved
             r.launches.append((label, r.reserved))
@@ -450,6 +477,7 @@ class AdapterMachine(RuleBasedStateMachine):
         m = self.model
         rec = m.inflight[label]
         self._must(f"complete({label})", lambda: self.adapter.complete(rec.handle))
+        m.note_released()
         del m.inflight[label]
         m.done.add(label)
         self.completed.append(rec)

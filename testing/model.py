@@ -23,7 +23,8 @@ CHECKS: dict[str, str] = {
     "misuse_refused": "add_request of a live id, allocate and launch of an unknown id are "
                       "refused",
     "refuses_only_when_full": "an allocation, fork or launch is refused only when too few "
-                              "blocks are in no live table and pinned by no in-flight launch",
+                              "blocks are in no live table, pinned by no in-flight launch and "
+                              "let go while no launch still in flight was running",
     "tables_only_grow": "a table changes only by appending entries, except that a launch may "
                         "replace a shared block it writes by a fresh copy (copy-on-write)",
     "table_shape": "a table covering n positions has ceil(n / B) entries, no block twice",
@@ -44,7 +45,8 @@ CHECKS: dict[str, str] = {
                   "machine's spec model",
     "spec_refinement": "the spec model, after replaying those transitions, equals abstract()",
     "spec_tables": "abstract()'s tables are the live requests' tables",
-    "launch_pins": "every block of an in-flight launch has a pending access in the spec state",
+    "launch_pins": "every block of an in-flight launch is, in the spec state, held or retired "
+                   "after that launch's number (so it cannot be recycled before it completes)",
     "invariant": "every invariant of pagedkv.spec.INVARIANTS holds after every step",
 }
 
@@ -95,6 +97,7 @@ class LaunchRec:
     pins: frozenset[int]
     handle: Any
     call: str = ""  # the launch call, for messages
+    number: int | None = None  # the spec's launch number (spec view only)
 
 
 class ObservedModel:
@@ -107,6 +110,9 @@ class ObservedModel:
         self.inflight: dict[str, LaunchRec] = {}
         self.done: set[str] = set()
         self.content: dict[int, tuple[Any, ...]] = {}  # block -> (salt, token prefix) it holds
+        # blocks that left their last table -> the launches in flight at that moment
+        self.retired: dict[int, frozenset[str]] = {}
+        self._held_seen: set[int] = set()
 
     def key(self, req: Req, i: int) -> tuple[Any, ...]:
         """The identity of full block i's KV: the salt and every token up to its end."""
@@ -124,9 +130,34 @@ class ObservedModel:
     def pinned_by(self, b: int) -> list[str]:
         return [f"{rec.label} ({rec.call})" for rec in self.inflight.values() if b in rec.pins]
 
+    def note_released(self) -> None:
+        """Record, for each block that left its last table since the previous call, the
+        launches in flight then. Called after every call that may shrink a table and before a
+        launch is added or removed."""
+        held = self.held()
+        now = frozenset(self.inflight)
+        for b in self._held_seen - held:
+            self.retired[b] = now
+        for b in held:
+            self.retired.pop(b, None)
+        self._held_seen = held
+
+    def waiting(self) -> set[int]:
+        """Blocks that left their last table while a launch still in flight was running: an
+        allocator may keep them until that launch completes (epoch-based reclamation waits
+        for every launch published before the release, whether or not it read the block)."""
+        self.note_released()
+        live = self.inflight.keys()
+        return {b for b, launches in self.retired.items() if launches & live}
+
+    def unavailable(self) -> set[int]:
+        """Blocks held by a table, pinned by an in-flight launch, or waiting for one."""
+        return self.held() | self.pinned() | self.waiting()
+
     def available(self) -> int:
-        """Blocks in no live table and pinned by no in-flight launch."""
-        return self.capacity - len(self.held() | self.pinned())
+        """Blocks in no live table, pinned by no in-flight launch and released while no launch
+        still in flight was running."""
+        return self.capacity - len(self.unavailable())
 
     def blocks_for(self, n: int) -> int:
         return -(-n // self.B)

@@ -367,7 +367,7 @@ def test_checked_mode_names_a_broken_invariant_on_the_touched_block(compiled):
     a.pool.wpend[head] = 5  # corrupt: writers pending on a FREE block
     with pytest.raises(InvariantViolation) as info:
         a.allocate("a", 6)
-    assert info.value.invariant == "no_pending_when_free"
+    assert info.value.invariant == "no_write_when_free"
 
 
 def test_checked_mode_is_o1_in_the_number_of_holders():
@@ -376,4 +376,5 @@ def test_checked_mode_is_o1_in_the_number_of_holders():
 
     names = {inv.name for inv in local_invariants()}
     assert "ref_matches_holders" not in names  # a sum over every holder
-    assert {"ref_nonnegative", "no_pending_when_free", "initialized_iff_live"} <= names
+    assert {"ref_nonnegative", "no_write_when_free", "reused_after_its_readers",
+            "initialized_iff_live"} <= names

@@ -13,13 +13,15 @@ from pagedkv.allocator.compiled import predicate_agrees, predicate_code, scrambl
 from pagedkv.spec import CONCRETE, INVARIANTS, NO_HASH, TRANSITIONS
 
 VALUES = {"b": range(5), "r": ("a", "b", "zz"), "w": (0, 1, 3, 4), "k": (0, 1, 3, 4),
-          "writes": (False, True), "h": (NO_HASH, 11, 13)}
+          "L": (0, 1, 2, 3, 4), "h": (NO_HASH, 11, 13)}
+_SCOPE_PARAMS = {"block": ("b",), "hash": ("h",), "launch": ("L",), "pool": ()}
 
 
 SPEC_FUNCTIONS = [(f"guard {t.name}", t.guard, t.params) for t in TRANSITIONS.values()] + [
-    (f"invariant {i.name}", i.pred, ("b",) if i.scope == "block" else ("h",))
-    for i in INVARIANTS.values() if i.scope in ("block", "hash")
-]
+    (f"invariant {i.name}", i.pred, _SCOPE_PARAMS[i.scope])
+    for i in INVARIANTS.values() if i.scope in ("block", "hash", "launch")
+] + [(f"invariant {i.name}", i.pred, ()) for i in INVARIANTS.values()
+     if i.scope == "pool" and i.name == "watermark_bounds"]
 
 
 @pytest.mark.parametrize("label, fn, params", SPEC_FUNCTIONS, ids=[s[0] for s in SPEC_FUNCTIONS])
@@ -88,3 +90,16 @@ def test_hash_memo_never_changes_a_hash():
         a.add_request("x", tokens, cache_salt="s", extra_keys=[3])
         a.add_request("y", tokens, cache_salt="s", extra_keys=[3])  # memo hits
     assert memo_on._req("y").hashes == memo_off._req("y").hashes == memo_off._req("x").hashes
+
+
+def test_every_transition_runs_compiled():
+    """Each transition's guard and effect compile and pass their probes: none silently falls
+    back to interpretation (the hot ones, and the clock's, included)."""
+    from pagedkv.allocator.pool import BlockPool
+
+    pool = BlockPool(4, 2)
+    for name in TRANSITIONS:
+        t, guard, predict, *_ = pool._entry(name)
+        assert predict is not None, f"{name}'s effect runs interpreted"
+        assert guard.__code__.co_filename.startswith("<spec guard"), (
+            f"{name}'s guard runs interpreted")

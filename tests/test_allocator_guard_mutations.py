@@ -41,9 +41,9 @@ WEAKENED = {
     # no double free: release no longer checks that the holder holds the block
     "release": (lambda ops, s, b, r: ops.And(s.ref[b] >= 0),
                 ("DoubleFree", "ref_nonnegative", "ref_matches_holders")),
-    # no recycling while pending: recycle forgets pending == 0
+    # no recycling while pending: recycle forgets the watermark and the pending writes
     "recycle": (lambda ops, s, b: s.state[b] == RECLAIMED,
-                ("no_pending_when_free", "PendingAccess")),
+                ("reused_after_its_readers", "no_write_when_free", "PendingAccess")),
     # no publication before initialization: publish takes any block
     "publish": (lambda ops, s, b, r: ops.And(s.ref[b] >= 0),
                 ("initialized_iff_live", "PublishError", "ref_positive_iff_held")),

@@ -33,12 +33,7 @@ def test_every_guard_is_read_as_conjuncts(name):
           "holder 'x' must not hold block 0"]),
         (lambda p: p.close_holder("x"), GuardViolation,
          ["the number of blocks holder 'x' holds (it is 2) must be 0"]),
-        (lambda p: p.end_access(0, True), GuardViolation,
-         ["the pending launches on block 0 (it is 0) must be > 0",
-          "the pending writing launches on block 0 (it is 0) must be > 0"]),
         (lambda p: p.open_holder("x"), GuardViolation, ["holder 'x' must not be open"]),
-        (lambda p: p.begin_access(1, "x", 1), GuardViolation,
-         ["the state of block 1 (it is ALLOCATED) must be PUBLISHED"]),
     ],
 )
 def test_refusal_names_the_failed_condition(call, error, words):
@@ -49,6 +44,45 @@ def test_refusal_names_the_failed_condition(call, error, words):
     assert "does not hold" not in text
     for w in words:
         assert w in text, text
+
+
+def _spec_state(*steps):
+    from pagedkv.spec import check, initial_state
+
+    s = initial_state(2, 1, range(1))
+    for name, params in steps:
+        s = check.step(s, name, **params)
+        assert s is not None, name
+    return s
+
+
+RETIRED = (("open_holder", {"r": 0}), ("allocate", {"b": 0, "r": 0}), ("launch", {"L": 0}),
+           ("release", {"b": 0, "r": 0}))
+
+
+@pytest.mark.parametrize(
+    "steps, name, params, words",
+    [
+        ((), "end_write", {"b": 0},
+         ["the pending writing launches on block 0 (it is 0) must be > 0"]),
+        (RETIRED[:2], "begin_write", {"b": 0, "r": 0, "w": 1},
+         ["the state of block 0 (it is ALLOCATED) must be PUBLISHED"]),
+        (RETIRED, "recycle", {"b": 0},
+         ["the launch clock block 0 was retired at (it is 1) must be <= the watermark of "
+          "completed launches (it is 0)"]),
+        (RETIRED, "allocate", {"b": 1, "r": 0}, []),  # block 1 was never held: no wait
+        (RETIRED, "advance", {}, ["launch 0 must not be in flight"]),
+        (RETIRED, "complete", {"L": 1}, ["launch 1 must be in flight"]),
+        ((), "launch", {"L": 5}, ["L (5) must be the number of launches issued (it is 0)"]),
+        ((), "advance", {},
+         ["the watermark of completed launches (it is 0) must be < the number of launches "
+          "issued (it is 0)"]),
+    ],
+)
+def test_epoch_refusals_name_the_clock(steps, name, params, words):
+    """The epoch guards, read in words on spec states (launch numbers, the watermark)."""
+    s = _spec_state(*steps)
+    assert failed_conditions(TRANSITIONS[name].guard, s, **params) == words
 
 
 def test_only_false_conditions_are_named():

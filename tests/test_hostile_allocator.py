@@ -133,10 +133,11 @@ def build_world() -> SimpleNamespace:
 
     a   : 9 tokens committed: a0, a1 REFERENCED (a shared prefix), a2 PUBLISHED partial
     d   : freed while its launch ran; the launch's event says done, not yet reclaimed:
-          d0, d1 RECLAIMED, pinned
+          d0, d1 RECLAIMED, retired above the watermark (its launch is in flight)
     b   : hits a's prefix (a0, a1) + b2, its writing launch is in flight (event not done)
     a2  : a fork of a (shares a0, a1, a2)
-    c   : committed then freed: c0, c1 CACHED; its completed launch is now stale
+    c   : committed then freed: c0, c1 CACHED (busy: launches published before it was freed
+          are still in flight); its completed launch is now stale
     w   : w0 written by a completed launch, not committed (PUBLISHED, full)
     n   : registered, nothing allocated
     t   : 4 positions allocated, only 2 token ids known (t0 ALLOCATED)
@@ -551,26 +552,47 @@ POOL_CASES = {
         case("not-holder", lambda w: w.pool.publish(w.b["t0"], "n"), PublishError),
         *unhashable_holder(lambda w, r: w.pool.publish(w.b["t0"], r)),
     ],
-    "begin_access": [
-        *bad_ids("begin_access", lambda w, b: w.pool.begin_access(b, "b", 0)),
+    "begin_write": [
+        *bad_ids("begin_write", lambda w, b: w.pool.begin_write(b, "b", 1)),
         # b2 could take one more written slot: only w is wrong
-        *(case(f"w-{k}", lambda w, v=v: w.pool.begin_access(w.b["b2"], "b", v),
+        *(case(f"w-{k}", lambda w, v=v: w.pool.begin_write(w.b["b2"], "b", v),
                InvalidArgument) for k, v in BAD_COUNTS),
-        case("free", lambda w: w.pool.begin_access(w.b["free"], "n", 0), PublishError),
-        case("cached", lambda w: w.pool.begin_access(w.b["c0"], "a", 0), PublishError),
-        case("unpublished", lambda w: w.pool.begin_access(w.b["t0"], "t", 0), PublishError),
-        case("write-shared", lambda w: w.pool.begin_access(w.b["a2"], "a", 1), PublishError),
-        case("not-holder", lambda w: w.pool.begin_access(w.b["a0"], "n", 0), PublishError),
-        *unhashable_holder(lambda w, r: w.pool.begin_access(w.b["a0"], r, 0)),
+        case("w-past-block", lambda w: w.pool.begin_write(w.b["b2"], "b", BS + 1),
+             InvalidArgument),
+        case("w-zero", lambda w: w.pool.begin_write(w.b["b2"], "b", 0), PublishError),
+        case("overfill", lambda w: w.pool.begin_write(w.b["w0"], "w", 1), PublishError),
+        case("free", lambda w: w.pool.begin_write(w.b["free"], "n", 1), PublishError),
+        case("cached", lambda w: w.pool.begin_write(w.b["c0"], "a", 1), PublishError),
+        case("referenced", lambda w: w.pool.begin_write(w.b["a0"], "a", 1), PublishError),
+        case("unpublished", lambda w: w.pool.begin_write(w.b["t0"], "t", 1), PublishError),
+        case("write-shared", lambda w: w.pool.begin_write(w.b["a2"], "a", 1), PublishError),
+        case("not-holder", lambda w: w.pool.begin_write(w.b["b2"], "n", 1), PublishError),
+        *unhashable_holder(lambda w, r: w.pool.begin_write(w.b["b2"], r, 1)),
     ],
-    "end_access": [
-        *bad_ids("end_access", lambda w, b: w.pool.end_access(b, False)),
-        case("nothing-pending", lambda w: w.pool.end_access(w.b["free"], False),
-             GuardViolation),
-        case("no-writer-pending", lambda w: w.pool.end_access(w.b["a0"], True),
-             GuardViolation),
-        case("writes-str", lambda w: w.pool.end_access(w.b["b2"], "no"), InvalidArgument),
-        case("writes-none", lambda w: w.pool.end_access(w.b["a0"], None), InvalidArgument),
+    "end_write": [
+        *bad_ids("end_write", lambda w, b: w.pool.end_write(b)),
+        case("nothing-pending", lambda w: w.pool.end_write(w.b["free"]), GuardViolation),
+        case("no-writer-pending", lambda w: w.pool.end_write(w.b["a0"]), GuardViolation),
+    ],
+    "launch": [
+        *(case(f"L-{k}", lambda w, v=v: w.pool.launch(v), InvalidArgument)
+          for k, v in BAD_COUNTS if not k.startswith("2**")),
+        case("issued-already", lambda w: w.pool.launch(w.pending.seq), GuardViolation),
+        case("first", lambda w: w.pool.launch(0), GuardViolation),
+        case("skips-one", lambda w: w.pool.launch(w.pool.clock[0] + 1), GuardViolation),
+    ],
+    "complete": [
+        *(case(f"L-{k}", lambda w, v=v: w.pool.complete(v), InvalidArgument)
+          for k, v in BAD_COUNTS if not k.startswith("2**")),
+        case("completed", lambda w: w.pool.complete(w.stale.seq), GuardViolation),
+        case("not-issued", lambda w: w.pool.complete(w.pool.clock[0]), GuardViolation),
+        case("far-future", lambda w: w.pool.complete(2**63), GuardViolation),
+    ],
+    "advance": [
+        # the oldest launch not known complete (d's: its event is done, not yet reclaimed)
+        case("oldest-in-flight", lambda w: w.pool.advance(), GuardViolation),
+        case("at-the-clock", lambda w: w.pool.advance(), GuardViolation,
+             lambda w: (w.done.complete(), w.pending.complete())),
     ],
     "commit": [
         *bad_ids("commit", lambda w, b: w.pool.commit(b, "w", 12345)),
@@ -638,13 +660,28 @@ def test_pool_publish_refuses(world, prep, call, error):
     check_refused(world, prep, call, error)
 
 
-@pytest.mark.parametrize("prep, call, error", POOL_CASES["begin_access"])
-def test_pool_begin_access_refuses(world, prep, call, error):
+@pytest.mark.parametrize("prep, call, error", POOL_CASES["begin_write"])
+def test_pool_begin_write_refuses(world, prep, call, error):
     check_refused(world, prep, call, error)
 
 
-@pytest.mark.parametrize("prep, call, error", POOL_CASES["end_access"])
-def test_pool_end_access_refuses(world, prep, call, error):
+@pytest.mark.parametrize("prep, call, error", POOL_CASES["end_write"])
+def test_pool_end_write_refuses(world, prep, call, error):
+    check_refused(world, prep, call, error)
+
+
+@pytest.mark.parametrize("prep, call, error", POOL_CASES["launch"])
+def test_pool_launch_refuses(world, prep, call, error):
+    check_refused(world, prep, call, error)
+
+
+@pytest.mark.parametrize("prep, call, error", POOL_CASES["complete"])
+def test_pool_complete_refuses(world, prep, call, error):
+    check_refused(world, prep, call, error)
+
+
+@pytest.mark.parametrize("prep, call, error", POOL_CASES["advance"])
+def test_pool_advance_refuses(world, prep, call, error):
     check_refused(world, prep, call, error)
 
 
@@ -799,8 +836,11 @@ def _np_pool(step):
 
 
 def _np_pool_recycle(w, conv):
-    w.pool.evict(w.b["c0"])
-    w.pool.recycle(conv(w.b["c0"]))
+    # A recyclable block is always recycled by the pool itself (release, evict, end_write,
+    # the watermark's drain): the only recycle a caller can make is a refused one.
+    with pytest.raises(PendingAccess):
+        w.pool.recycle(conv(w.b["d0"]))
+    w.pool.evict(conv(w.b["c0"]))
 
 
 def _np_block_hash(w, conv):
@@ -824,10 +864,12 @@ NUMPY_CASES = [
     pytest.param(_np_pool(lambda w, c: w.pool.allocate(c(w.b["free"]), "n")),
                  id="pool-allocate"),
     pytest.param(_np_pool(lambda w, c: w.pool.publish(c(w.b["t0"]), "t")), id="pool-publish"),
-    pytest.param(_np_pool(lambda w, c: w.pool.begin_access(c(w.b["b2"]), "b", c(1))),
-                 id="pool-begin_access"),
-    pytest.param(_np_pool(lambda w, c: w.pool.end_access(c(w.b["a0"]), False)),
-                 id="pool-end_access"),
+    pytest.param(_np_pool(lambda w, c: w.pool.begin_write(c(w.b["b2"]), "b", c(1))),
+                 id="pool-begin_write"),
+    pytest.param(_np_pool(lambda w, c: w.pool.end_write(c(w.b["b2"]))), id="pool-end_write"),
+    pytest.param(_np_pool(lambda w, c: w.pool.launch(c(w.pool.clock[0]))), id="pool-launch"),
+    pytest.param(_np_pool(lambda w, c: (w.pool.complete(c(w.done.seq)), w.pool.advance())),
+                 id="pool-complete"),
     pytest.param(_np_pool(lambda w, c: w.pool.commit(c(w.b["w0"]), "w", 12345)),
                  id="pool-commit"),
     pytest.param(_np_pool(lambda w, c: w.pool.share(c(w.b["c0"]), "n")), id="pool-share"),
@@ -913,10 +955,11 @@ def test_failing_event_is_an_event_error_and_loses_nothing(call):
     assert "lost-launch" in str(err)  # names the launch
     assert_unchanged(a, before)
     a.check_invariants()
-    # nothing lost: still in flight, its blocks still pinned
+    # nothing lost: still in flight, its blocks still waiting for it
     assert lost in a.inflight and not lost.completed and not done.completed
+    assert lost.seq in a.pool.inflight
     assert all(a.state(b) == RECLAIMED for b in lost_blocks)
-    assert all(a.pool.pending[b] > 0 for b in lost_blocks)
+    assert all(a.pool.busy(b) for b in lost_blocks)
     # the same call is refused the same way again
     with pytest.raises(EventError):
         call(a)
@@ -990,9 +1033,10 @@ def test_prefix_hit_on_busy_cached_block_after_reclaim(reader_done, extra):
     a.free("Z")
     a.check_invariants()
     assert a.stats()["allocatable_now"] == 1  # the one FREE block; a0 is busy
-    # usable once reclamation has run, a0 (the hit) aside: the FREE block, z0, and a1 when the
-    # reader is done too
-    fresh = 3 if reader_done else 2
+    # usable once reclamation has run, a0 (the hit) aside: the FREE block, and z0 and a1 when
+    # the reader is done too. While the reader is in flight the watermark stays below it, so
+    # z0 (let go after the reader was published) waits too, although its writer is done.
+    fresh = 3 if reader_done else 1
     tokens = list(range(4)) + list(range(90, 90 + 4 * fresh + 4 * extra + 1))
     assert a.add_request("B", tokens) == 4  # a0 is hit
     a.check_invariants()
@@ -1010,7 +1054,9 @@ def test_prefix_hit_on_busy_cached_block_after_reclaim(reader_done, extra):
     assert a.block_table("B") == table
     assert a.num_computed("B") == 4 and a.num_reserved("B") == n
     assert a.state(a0) == REFERENCED and a.ref_count(a0) == 1
-    assert writer.completed and reader.completed == reader_done
+    # completed launches are reclaimed only when the blocks they release are needed: with
+    # the reader in flight the FREE block sufficed, completing the writer would free nothing
+    assert writer.completed == reader_done and reader.completed == reader_done
     assert all(a.state(b) == ALLOCATED for b in table[1:])
 
 

@@ -14,8 +14,8 @@ def _written_block():
     p.open_holder("other")
     p.allocate(0, "r")
     p.publish(0, "r")
-    p.begin_access(0, "r", 1)
-    p.end_access(0, True)
+    p.begin_write(0, "r", 1)
+    p.end_write(0)
     return p
 
 
@@ -23,7 +23,6 @@ def _written_block():
     lambda p: p.commit(0, "other", 7),
     lambda p: p.commit(0, "ghost", 7),
     lambda p: p.release(0, "other"),
-    lambda p: p.begin_access(0, "other", 0),
 ])
 def test_only_the_holder_acts_on_its_block(call):
     p = _written_block()
@@ -33,6 +32,21 @@ def test_only_the_holder_acts_on_its_block(call):
     assert p.trace == [] and p.lookup(7) is None and p.ref[0] == 1
     p.commit(0, "r", 7)
     assert p.lookup(7) == 0
+
+
+@pytest.mark.parametrize("holder", ["other", "ghost"])
+def test_only_the_holder_writes_its_block(holder):
+    p = BlockPool(2, 2)
+    p.open_holder("r")
+    p.open_holder("other")
+    p.allocate(0, "r")
+    p.publish(0, "r")
+    p.trace = []
+    with pytest.raises(AllocatorError):
+        p.begin_write(0, holder, 1)  # room for the slot: only the holder is wrong
+    assert p.trace == [] and p.wpend[0] == 0 and p.filled[0] == 0
+    p.begin_write(0, "r", 1)
+    assert p.wpend[0] == 1 and p.filled[0] == 1
 
 
 def test_closing_an_unknown_holder_is_refused():

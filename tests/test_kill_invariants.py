@@ -12,19 +12,24 @@ from pagedkv.spec import (
     CACHED,
     CONCRETE,
     FREE,
+    ISSUED,
     NO_BLOCK,
     NO_HASH,
     PUBLISHED,
     REFERENCED,
+    WATERMARK,
     TableView,
+    launch_ids,
     violations,
 )
 
 
 def _reached():
-    """B = 2, 6 blocks: a's blocks 0, 1 REFERENCED, block 2 PUBLISHED with a write pending
-    (all three read by a launch in flight); c's committed block CACHED; d allocated only."""
-    a = BlockAllocator(6, 2)
+    """B = 2, 7 blocks: a's blocks 0, 1 REFERENCED, block 2 PUBLISHED with a write pending
+    (all three read by a launch in flight); c's committed block CACHED, its other one
+    RECLAIMED (retired after that launch was numbered: it waits for the watermark); d
+    allocated only; one block never used (FREE)."""
+    a = BlockAllocator(7, 2)
     a.add_request("a", [1, 2, 3, 4, 5])
     a.allocate("a", 5)
     a.publish(["a"]).complete()
@@ -45,8 +50,8 @@ def _reached():
 
 A, LAUNCH, S, TABLES = _reached()
 B0, B1, B2 = TABLES["a"].entries
-CACHED_B = next(b for b in range(6) if S.state[b] == CACHED)
-FREE_B = next(b for b in range(6) if S.state[b] == FREE)
+CACHED_B = next(b for b in range(7) if S.state[b] == CACHED)
+FREE_B = next(b for b in range(7) if S.state[b] == FREE)
 ALLOC_B = TABLES["d"].entries[0]
 H0 = S.hash[B0]
 
@@ -68,29 +73,47 @@ def names(s, tables=None):
 
 def test_the_reached_state_is_clean():
     assert S.state[B0] == S.state[B1] == REFERENCED and S.state[B2] == PUBLISHED
-    assert S.wpend[B2] == 1 and S.pending[B0] == 1
+    assert S.wpend[B2] == 1
+    in_flight = [L for L in launch_ids(S) if S.inflight[L]]
+    assert in_flight and S.clock[WATERMARK] <= min(in_flight) < S.clock[ISSUED]
     assert S.state[ALLOC_B] == ALLOCATED and TABLES["d"].computed == 0
     assert names(S) == set()
 
 
 CASES = {
     "conservation: counts sum to the pool size": (
-        lambda: S.replace(num_blocks=7), "conservation"),
+        lambda: S.replace(num_blocks=8), "conservation"),
     "conservation: exact per-state counts": (
         lambda: st(S, count=[(FREE, S.count[FREE] + 1), (CACHED, S.count[CACHED] - 1)]),
         "conservation"),
     "ref > 0 iff held": (lambda: st(S, ref=[(CACHED_B, 1)]), "ref_positive_iff_held"),
     "ALLOCATED has ref 1": (lambda: st(S, ref=[(ALLOC_B, 2)]), "ref_positive_iff_held"),
-    "no pending when FREE": (lambda: st(S, pending=[(FREE_B, 1)]), "no_pending_when_free"),
-    "writing >= 0": (lambda: st(S, wpend=[(FREE_B, -1)]), "no_pending_when_free"),
-    "writing <= pending": (lambda: st(S, wpend=[(B2, 2)]), "no_pending_when_free"),
+    "no write when FREE": (lambda: st(S, wpend=[(FREE_B, 1)]), "no_write_when_free"),
+    "no write when ALLOCATED": (lambda: st(S, wpend=[(ALLOC_B, 1)]), "no_write_when_free"),
+    "writing >= 0": (lambda: st(S, wpend=[(FREE_B, -1)]), "no_write_when_free"),
+    "retire >= 0": (lambda: st(S, retire=[(B0, -1)]), "reused_after_its_readers"),
+    "retire <= issued": (lambda: st(S, retire=[(B0, S.clock[ISSUED] + 1)]),
+                         "reused_after_its_readers"),
+    "FREE only past the watermark": (lambda: st(S, retire=[(FREE_B, S.clock[ISSUED])]),
+                                     "reused_after_its_readers"),
+    "ALLOCATED only past the watermark": (lambda: st(S, retire=[(ALLOC_B, S.clock[ISSUED])]),
+                                          "reused_after_its_readers"),
+    "PUBLISHED only past the watermark": (lambda: st(S, retire=[(B2, S.clock[ISSUED])]),
+                                          "reused_after_its_readers"),
+    "watermark >= 0": (lambda: st(S, clock=[(WATERMARK, -1)]), "watermark_bounds"),
+    "watermark <= issued": (lambda: st(S, clock=[(WATERMARK, S.clock[ISSUED] + 1)]),
+                            "watermark_bounds"),
+    "in flight only below issued": (lambda: st(S, inflight=[(S.clock[ISSUED], True)]),
+                                    "launch_window"),
+    "in flight only from the watermark": (
+        lambda: st(S, inflight=[(S.clock[WATERMARK] - 1, True)]), "launch_window"),
     "hash iff REFERENCED/CACHED": (
         lambda: st(S, hash=[(FREE_B, 99)], hmap=[(99, FREE_B)]), "hash_map_agrees"),
     "the map points back": (lambda: st(S, hmap=[(H0, NO_BLOCK)]), "hash_map_agrees"),
     "no entry for NO_HASH": (lambda: st(S, hmap=[(NO_HASH, FREE_B)]), "one_block_per_hash"),
     "map target >= 0": (lambda: st(S, hmap=[(77, -5)], hash=[(-5, 77)]),
                         "one_block_per_hash"),
-    "map target < num_blocks": (lambda: st(S, hmap=[(77, 6)], hash=[(6, 77)]),
+    "map target < num_blocks": (lambda: st(S, hmap=[(77, 7)], hash=[(7, 77)]),
                                 "one_block_per_hash"),
     "map target carries the hash": (lambda: st(S, hmap=[(77, FREE_B)]), "one_block_per_hash"),
     "cached blocks are full": (lambda: st(S, filled=[(B0, 1)]), "cached_blocks_written"),

@@ -39,7 +39,9 @@ def test_poll_without_an_event_leaves_the_launch_in_flight():
     a, launch = _launched()
     assert launch.poll() is False
     assert not launch.completed and a.inflight == (launch,)
-    assert a.stats()["pinned_by_launches"] == 2
+    assert a.pool.inflight == {launch.seq} and a.pool.clock == [1, 0]
+    assert launch.writes == tuple(launch.block_tables[0].tolist())  # it writes both blocks
+    assert [a.pool.wpend[b] for b in launch.writes] == [1, 1]
 
 
 def test_poll_completes_once_the_event_fires_and_again_is_a_no_op():
@@ -49,7 +51,9 @@ def test_poll_completes_once_the_event_fires_and_again_is_a_no_op():
     assert launch.poll() is False and not launch.completed
     ev.done = True
     assert launch.poll() is True
-    assert launch.completed and a.inflight == () and a.stats()["pinned_by_launches"] == 0
+    assert launch.completed and a.inflight == ()
+    assert a.pool.inflight == set() and a.pool.clock == [1, 1]  # the watermark passed it
+    assert [a.pool.wpend[b] for b in launch.writes] == [0, 0]
     assert launch.poll() is True  # already completed: no LaunchAlreadyCompleted from poll
     a.commit("a", 3)
     a.check_invariants()
@@ -121,12 +125,13 @@ def test_stale_message_names_the_first_eight_blocks():
 
 def test_repr_names_the_requests_as_a_list_and_the_status():
     a, launch = _launched(rid="a")
-    assert repr(launch) == "<Launch #1 of ['a'], in flight>"
+    # seq is the spec's launch number: launches are numbered from 0
+    assert repr(launch) == "<Launch #0 of ['a'], in flight>"
     launch.complete()
-    assert repr(launch) == "<Launch #1 of ['a'], completed>"
+    assert repr(launch) == "<Launch #0 of ['a'], completed>"
     a.add_request("b", [5, 6])
     a.allocate("b", 2)
-    assert repr(a.publish(["a", "b"])) == "<Launch #2 of ['a', 'b'], in flight>"
+    assert repr(a.publish(["a", "b"])) == "<Launch #1 of ['a', 'b'], in flight>"
 
 
 # ---- table arithmetic behind the launch arrays ------------------------------------------------

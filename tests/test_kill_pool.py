@@ -10,22 +10,29 @@ import pytest
 
 from pagedkv.allocator import BlockAllocator, DoubleFree, InvariantViolation, PublishError
 from pagedkv.allocator.pool import BlockPool
-from pagedkv.spec import CACHED, RECLAIMED, TRANSITIONS
+from pagedkv.spec import CACHED, RECLAIMED, TRANSITIONS, WATERMARK
 
 STEPS = [
     ("open_holder", lambda p: p.open_holder("r")),
     ("allocate", lambda p: p.allocate(0, "r")),
     ("publish", lambda p: p.publish(0, "r")),
-    ("begin_access", lambda p: p.begin_access(0, "r", 1)),
-    ("end_access", lambda p: p.end_access(0, True)),
+    ("launch", lambda p: p.launch(0)),
+    ("begin_write", lambda p: p.begin_write(0, "r", 1)),
+    ("end_write", lambda p: p.end_write(0)),
+    ("complete", lambda p: p.complete(0)),
+    ("advance", lambda p: p.advance()),
     ("commit", lambda p: p.commit(0, "r", 7)),
     ("open_holder", lambda p: p.open_holder("s")),
     ("share", lambda p: p.share(0, "s")),
+    ("launch", lambda p: p.launch(1)),  # in flight while block 0 is let go: it retires busy
     ("release", lambda p: p.release(0, "s")),
     ("release", lambda p: p.release(0, "r")),
     ("close_holder", lambda p: p.close_holder("s")),
-    ("evict", lambda p: p.evict(0)),
-    ("recycle", lambda p: p.recycle(0)),
+    ("evict", lambda p: p.evict(0)),  # busy: it stays RECLAIMED
+    ("complete", lambda p: p.complete(1)),
+    # the watermark passes block 0's retire clock: the retire queue's drain recycles it (a
+    # recyclable block is always recycled by the pool itself, never left for a caller)
+    ("recycle", lambda p: p.advance()),
 ]
 
 
@@ -53,8 +60,10 @@ def _skewed(name: str):
         if "b" in kw:
             b = kw["b"]
             return post.replace(gen=ops.store(post.gen, b, post.gen[b] + 1))
-        r = kw["r"]
-        return post.replace(nheld=ops.store(post.nheld, r, post.nheld[r] + 5))
+        if "r" in kw:
+            r = kw["r"]
+            return post.replace(nheld=ops.store(post.nheld, r, post.nheld[r] + 5))
+        return post.replace(gen=ops.store(post.gen, 0, post.gen[0] + 1))  # the clock's own
 
     return dataclasses.replace(t, effect=effect)
 
@@ -90,7 +99,8 @@ def _reader_of_cached_prefix():
 def _usable_by_scan(a):
     p = a.pool
     return sum(1 for b in range(a.num_blocks)
-               if p.state[b] == 0 or (p.state[b] == CACHED and p.pending[b] == 0))
+               if p.state[b] == 0 or (p.state[b] == CACHED
+                                      and p.retire[b] <= p.clock[WATERMARK]))
 
 
 def test_busy_cached_blocks_are_not_usable_until_the_launch_completes():
@@ -156,7 +166,7 @@ def test_unknown_holders_are_refused_typed(compiled):
     with pytest.raises(PublishError):
         p.publish(0, "ghost")
     with pytest.raises(PublishError):
-        p.begin_access(0, "ghost", 0)
+        p.begin_write(0, "ghost", 1)
     p.publish(0, "r")
     p.release(0, "r")
     p.close_holder("r")

@@ -42,8 +42,8 @@ def test_spec_allocate_takes_every_in_range_block():
 CALLS = {
     "allocate": lambda p, b: p.allocate(b, "r"),
     "publish": lambda p, b: p.publish(b, "r"),
-    "begin_access": lambda p, b: p.begin_access(b, "r", 0),
-    "end_access": lambda p, b: p.end_access(b, False),
+    "begin_write": lambda p, b: p.begin_write(b, "r", 1),
+    "end_write": lambda p, b: p.end_write(b),
     "commit": lambda p, b: p.commit(b, "r", 5),
     "share": lambda p, b: p.share(b, "r"),
     "release": lambda p, b: p.release(b, "r"),
@@ -71,14 +71,16 @@ def test_pool_accepts_every_in_range_block(b):
     p.open_holder("r")
     p.allocate(b, "r")
     p.publish(b, "r")
-    p.begin_access(b, "r", 1)
-    p.end_access(b, True)
+    p.begin_write(b, "r", 1)
+    p.end_write(b)
     p.commit(b, "r", 9)
     assert p.lookup(9) == b
+    p.launch(0)  # in flight when b is let go: b waits for it
     p.release(b, "r")
     p.evict(b)
     assert p.state[b] == 5 and p.lookup(9) is None  # RECLAIMED
-    p.recycle(b)
+    p.complete(0)
+    p.advance()  # the watermark passes b's retire clock: recycled
     assert p.state[b] == 0 and p.queue.head() == b
 
 

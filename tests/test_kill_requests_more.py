@@ -4,13 +4,14 @@ shared partial block; two launches reading a cached block keep it busy until bot
 from __future__ import annotations
 
 from pagedkv.allocator import BlockAllocator
-from pagedkv.spec import CACHED
+from pagedkv.spec import CACHED, WATERMARK
 
 
 def _usable_by_scan(a):
     p = a.pool
     return sum(1 for b in range(a.num_blocks)
-               if p.state[b] == 0 or (p.state[b] == CACHED and p.pending[b] == 0))
+               if p.state[b] == 0 or (p.state[b] == CACHED
+                                      and p.retire[b] <= p.clock[WATERMARK]))
 
 
 def test_no_copy_without_a_write_through_a_shared_partial_block():

@@ -42,7 +42,6 @@ def test_stats_figures_on_a_busy_pool():
     assert s["evictable_now"] == 1 and s["evictable_after_launches"] == 1
     assert s["reclaimed_waiting"] == states.count(RECLAIMED) == 2
     assert s["waiting_on_launches"] == 3
-    assert s["pinned_by_launches"] == 3 + 2  # old's three blocks, gone's two
     assert s["held"] == 10 - 3 - 2 - 2 == 3  # fork-src: the two shared full blocks + one new
     assert s["allocatable_now"] == 3 + 1
     assert s["admission_headroom"] == 10 - s["held"]
@@ -61,7 +60,7 @@ def test_out_of_blocks_counts_what_waits_for_launches():
     for launch in launches.values():
         launch.complete()
     s = a.stats()
-    assert s["waiting_on_launches"] == s["pinned_by_launches"] == s["inflight_launches"] == 0
+    assert s["waiting_on_launches"] == s["inflight_launches"] == 0
     assert s["free"] == 3 + 2 and s["allocatable_now"] == 5 + 2  # + the two idle cached
 
 
@@ -99,3 +98,19 @@ def test_stats_never_scans_the_requests():
 
     a._requests = NoScan(a._requests)
     assert a.stats()["occupancy_tokens"] == 5
+
+
+def test_stats_keys_are_the_documented_ones():
+    """The keys are exactly those the docstring and the README list (no per-block pin count:
+    launches pin by their number, not block by block)."""
+    import re
+    from pathlib import Path
+
+    a, _ = _busy_pool()
+    keys = set(a.stats())
+    doc = BlockAllocator.stats.__doc__ or ""
+    assert keys == set(re.findall(r"^\s*- ``(\w+)``", doc, re.M))
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    para = readme[readme.index("`stats()` is exact"):]
+    para = para[:para.index("and with an")]
+    assert keys == set(re.findall(r"`(\w+)`", para)) - {"stats"}

@@ -162,7 +162,7 @@ def test_block_allocator_leaky_free_is_caught() -> None:
 def test_block_allocator_unpinned_launch_is_caught_by_the_spec_view() -> None:
     err = _caught(_variant(UnpinnedLaunch))
     assert err.check == "launch_pins", str(err)
-    assert "pending accesses" in str(err) and "launch(['req_0'])" in str(err)
+    assert "the spec state has launch" in str(err) and "launch(['req_0'])" in str(err)
 
 
 def test_block_allocator_unpinned_launch_is_caught_observably() -> None:
