@@ -411,7 +411,6 @@ class BlockAllocator:
         del req.table[keep:]
         del req.tokens[num_tokens:]
         del req.hashes[num_tokens // B:]
-        req.committed_blocks = min(req.committed_blocks, num_tokens // B)
         req.published = min(req.published, keep)
         req.reserved = num_tokens
         req.issued = min(req.issued, num_tokens)

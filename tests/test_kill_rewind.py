@@ -48,3 +48,14 @@ def test_rewind_refuses_a_shared_block_and_one_being_written():
     launch.complete()
     a.pool.rewind(b, "r", 1)
     assert a.pool.filled[b] == 1
+
+
+def test_truncate_returns_a_copy_of_the_table():
+    a = BlockAllocator(8, 2)
+    a.add_request("r", list(range(7)))
+    a.allocate("r", 7)
+    out = a.truncate("r", 3)
+    assert out == a.block_table("r") and len(out) == 2
+    out.append(99)  # the caller's list, not the allocator's table
+    assert a.block_table("r") == out[:2]
+    a.check_invariants()
