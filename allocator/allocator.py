@@ -35,10 +35,8 @@ from pagedkv.spec.explain import failed_conditions
 from pagedkv.spec.states import ALLOCATED
 
 from .errors import (
-    AllocatorError,
     CommitError,
     DuplicateRequest,
-    GuardViolation,
     InvalidArgument,
     InvariantViolation,
     OutOfBlocks,
@@ -421,8 +419,11 @@ class BlockAllocator:
         """The child shares the parent's blocks (spec: open_holder, share each; blocks the
         parent has not published yet are unwritten, so the child takes fresh ones: allocate).
 
-        A shared partial block is copied at the child's or parent's next write (copy-on-write,
-        reported in ``Launch.copies``). All or nothing."""
+        The parent may have a launch in flight, even one writing the blocks shared (parallel
+        sampling right after a step is published): the child's launches are published later
+        and run after it on the stream. A shared partial block is copied at the child's or
+        parent's next write (copy-on-write, reported in ``Launch.copies``). The child can
+        commit positions only once the launches writing them completed. All or nothing."""
         p = self._req(parent)
         self._check_new_rid(child)
         if p.issued > len(p.tokens):
@@ -430,26 +431,13 @@ class BlockAllocator:
                 f"fork of {parent!r}: its KV covers {p.issued} positions but only "
                 f"{len(p.tokens)} token ids are known (append_tokens first)"
             )
-        share = TRANSITIONS["share"]
         pool = self.pool
         # Blocks never handed to a kernel hold no KV yet: the child gets fresh ones instead.
+        # Every other entry is PUBLISHED or REFERENCED, which share takes even while the
+        # parent's launch still writes it (spec: share).
         fresh = [pool.state[b] == ALLOCATED for b in p.table]
+        self._reclaim_launches(self._plan_room(sum(fresh)))
         pool.open_holder(child)
-        bad = [
-            b for b, f in zip(p.table, fresh, strict=True)
-            if not f and not share.guard(CONCRETE, pool.view, b=b, r=child)
-        ]
-        try:
-            if bad:
-                why = "; ".join(failed_conditions(share.guard, pool.view, b=bad[0], r=child))
-                raise GuardViolation(
-                    "share", f"fork({parent!r}, {child!r}) cannot share blocks {bad[:8]}: {why}"
-                )
-            done = self._plan_room(sum(fresh))
-        except AllocatorError:
-            pool.close_holder(child)
-            raise
-        self._reclaim_launches(done)
         table = [
             pool.take(child) if f else b for b, f in zip(p.table, fresh, strict=True)
         ]

@@ -192,8 +192,7 @@ EQUIVALENT: dict[str, str] = {
     **{f"allocator/allocator.py:fork:bool:{a}strict=True){b} -> {a}strict=False){b}":
        "fresh is built from p.table just above: the zipped sequences have equal lengths"
        for a, b in (("pool.take(child) if f else b for b, f in zip(p.table, fresh, ", ""),
-                    ("for b, f in zip(p.table, fresh, ", ":"),
-                    ("b for b, f in zip(p.table, fresh, ", ""))},
+                    ("for b, f in zip(p.table, fresh, ", ":"))},
     "allocator/allocator.py:publish:drop-and-clause:if req.issued < req.reserved and "
     "req.issued % B: -> if req.issued < req.reserved and True:": _ALIGNED,
     **{f"allocator/allocator.py:publish:{op}:if pool.ref[b] > 1: -> if pool.ref[b] {new}:":

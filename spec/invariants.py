@@ -161,10 +161,9 @@ def _exclusive_writes(ops: Any, s: PoolState, b: Any) -> Any:
         s.filled[b] >= 0,
         s.filled[b] <= s.block_size,
         ops.Implies(_in(ops, st, FREE, RECLAIMED), s.filled[b] == 0),
-        ops.Implies(
-            s.wpend[b] > 0,
-            ops.Or(ops.And(st == PUBLISHED, s.ref[b] == 1), st == RECLAIMED),
-        ),
+        # A write begins only on an exclusively held block (begin_write); a fork may share
+        # it while that write is in flight, so a pending write needs PUBLISHED, not ref 1.
+        ops.Implies(s.wpend[b] > 0, _in(ops, st, PUBLISHED, RECLAIMED)),
     )
 
 
@@ -237,7 +236,7 @@ INVARIANTS: dict[str, Invariant] = {
         Invariant("queue_is_free_and_cached", "block", _queue_is_free_and_cached,
                   CONSERVATION, "the eviction queue holds exactly the FREE and CACHED blocks"),
         Invariant("exclusive_writes", "block", _exclusive_writes, COPY_ON_WRITE,
-                  "only an exclusively held PUBLISHED block is written (copy-on-write)"),
+                  "writes only into PUBLISHED blocks, begun while held once (copy-on-write)"),
         Invariant("holders_consistent", "holder", _holders_consistent, NO_DOUBLE_FREE,
                   "a holder's ghost count matches what it holds; dead holders hold nothing"),
         Invariant("table_covers_reserved", "table", _table_covers_reserved, TABLE_SHAPE,

@@ -209,12 +209,15 @@ def _commit_effect(ops: Any, s: PoolState, b: Any, r: Any, h: Any) -> PoolState:
 
 
 # --- share: a prefix hit or a fork takes one more reference (revives ZERO-REF CACHED) --------
+# A fork may share a PUBLISHED block whose write is still in flight: every launch that reads it
+# through the new holder's table is published later, and launches run in publish order on one
+# stream, so it reads the finished write. No write can begin on it while it is shared
+# (begin_write needs ref 1), and it is hashed only once the write completed (commit).
 def _share_guard(ops: Any, s: PoolState, b: Any, r: Any) -> Any:
     st = s.state[b]
     return ops.And(
         *_in_pool(s, b),
         ops.Or(st == PUBLISHED, st == REFERENCED, st == CACHED),
-        s.wpend[b] == 0,
         s.alive[r],
         ops.Not(s.holds[r][b]),
     )
@@ -327,7 +330,8 @@ TRANSITIONS: dict[str, Transition] = {
                    "PUBLISHED -> REFERENCED under hash h [full, written, write completed, "
                    "h not cached]"),
         Transition("share", ("b", "r"), _share_guard, _share_effect,
-                   "prefix hit or fork: ref + 1; ZERO-REF CACHED -> REFERENCED"),
+                   "prefix hit or fork: ref + 1; ZERO-REF CACHED -> REFERENCED [a write in "
+                   "flight may continue: later launches run after it]"),
         Transition("release", ("b", "r"), _release_guard, _release_effect,
                    "ref - 1 [r holds b, else DoubleFree]; at 0 -> CACHED or RECLAIMED, "
                    "retired at the clock"),

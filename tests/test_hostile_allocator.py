@@ -367,7 +367,6 @@ FORK_CASES = [
     case("nan-child", lambda w: w.alloc.fork("a", NAN), InvalidArgument),
     case("duplicate-child", lambda w: w.alloc.fork("a", "b"), DuplicateRequest),
     case("child-is-parent", lambda w: w.alloc.fork("a", "a"), DuplicateRequest),
-    case("parent-write-pending", lambda w: w.alloc.fork("b", "kid"), GuardViolation),
     # t's block was never published: the child needs a fresh one, and none is left
     case("out-of-blocks", lambda w: w.alloc.fork("t", "kid"), OutOfBlocks, exhaust),
 ]
@@ -614,7 +613,7 @@ POOL_CASES = {
         case("free", lambda w: w.pool.share(w.b["free"], "n"), GuardViolation),
         case("reclaimed", lambda w: w.pool.share(w.b["d0"], "n"), GuardViolation),
         case("already-held", lambda w: w.pool.share(w.b["a0"], "a"), GuardViolation),
-        case("write-pending", lambda w: w.pool.share(w.b["b2"], "n"), GuardViolation),
+        case("allocated", lambda w: w.pool.share(w.b["t0"], "n"), GuardViolation),
         case("closed-holder", lambda w: w.pool.share(w.b["a0"], "ghost"), GuardViolation),
         *unhashable_holder(lambda w, r: w.pool.share(w.b["a0"], r)),
     ],
