@@ -330,8 +330,7 @@ TRANSITIONS: dict[str, Transition] = {
                    "PUBLISHED -> REFERENCED under hash h [full, written, write completed, "
                    "h not cached]"),
         Transition("share", ("b", "r"), _share_guard, _share_effect,
-                   "prefix hit or fork: ref + 1; ZERO-REF CACHED -> REFERENCED [a write in "
-                   "flight may continue: later launches run after it]"),
+                   "prefix hit or fork: ref + 1; ZERO-REF CACHED -> REFERENCED"),
         Transition("release", ("b", "r"), _release_guard, _release_effect,
                    "ref - 1 [r holds b, else DoubleFree]; at 0 -> CACHED or RECLAIMED, "
                    "retired at the clock"),
