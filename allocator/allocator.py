@@ -20,6 +20,7 @@ from pagedkv.spec import (
     CONCRETE,
     FREE,
     ISSUED,
+    NO_BLOCK,
     NO_HASH,
     PUBLISHED,
     RECLAIMED,
@@ -27,11 +28,13 @@ from pagedkv.spec import (
     TRANSITIONS,
     WATERMARK,
     PoolState,
-    TableView,
+    RequestState,
+    flatten,
     slots_written,
     violations,
 )
 from pagedkv.spec.explain import failed_conditions
+from pagedkv.spec.requests import request_state
 from pagedkv.spec.states import ALLOCATED
 
 from .errors import (
@@ -85,7 +88,7 @@ class Abstraction:
     """The allocator's state in the spec's vocabulary."""
 
     pool: PoolState
-    tables: tuple[TableView, ...]
+    requests: RequestState
 
 
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
@@ -734,26 +737,30 @@ class BlockAllocator:
     # ---- the spec view -----------------------------------------------------------------------
     @_locked
     def abstract(self) -> Abstraction:
-        """The allocator's state mapped to the spec's state, plus its tables."""
-        tables = tuple(
-            TableView(
-                holder=r.rid,
-                entries=tuple(r.table),
-                reserved=r.reserved,
-                computed=r.computed,
-                chain=tuple(
-                    r.hashes[i] if i < len(r.hashes) else NO_HASH for i in range(len(r.table))
-                ),
-            )
-            for r in self._requests.values()
-        )
-        return Abstraction(self.pool.abstract(), tables)
+        """The allocator's state mapped to the spec's: the pool, and the request layer's state
+        (``spec.requests``) with each request's table, positions and known chain values.
+
+        A block's seal (``content``) is read off the tables: its hash once cached, else, for a
+        full PUBLISHED block whose tokens are known, the chain value of its entry."""
+        pool = self.pool.abstract()
+        B = self.block_size
+        content = {b: h for h, b in flatten(pool.hmap).items() if b != NO_BLOCK}
+        reqs = []
+        for r in self._requests.values():
+            counts = {"reserved": r.reserved, "issued": r.issued, "computed": r.computed,
+                      "known": len(r.tokens)}
+            reqs.append((r.rid, list(r.table), counts, list(r.hashes)))
+            for i, b in enumerate(r.table):
+                if (pool.hash[b] == NO_HASH and pool.state[b] == PUBLISHED
+                        and pool.filled[b] == B and i < len(r.hashes)):
+                    content.setdefault(b, r.hashes[i])
+        return Abstraction(pool, request_state(pool, B, reqs, content))
 
     @_locked
     def check_invariants(self) -> None:
         """Scan everything; raise InvariantViolation naming the first invariant that fails."""
         a = self.abstract()
-        found = violations(a.pool, a.tables) + self.pool.structure_errors()
+        found = violations(a.pool, a.requests) + self.pool.structure_errors()
         reserved = sum(r.reserved for r in self._requests.values())
         entries = sum(len(r.table) for r in self._requests.values())
         if (reserved, entries) != (self._reserved_total, self._entries_total):

@@ -39,16 +39,14 @@ Two layers:
 
 * ``pool`` (default): the whole spec, every parameter value; checks every pool / block /
   hash / holder / launch invariant and the readers ghost.
-* ``request``: the same pool plus a request layer keeping each holder's table as a tuple of
-  block ids - allocate and share append, release pops the tail, commit registers the hash of
-  the table position (the holder's chain value there), share is a prefix hit
-  (``hmap[chain[i]]``) or a fork of another table's same position, rewind (truncation) only
-  cuts the table's last block, and a copy-on-write (``COPY_STEPS``: a new block for the
-  table's last position, a launch numbered *before* the shared source is released - it reads
-  the source - that writes the copy, then the release) replaces a shared, partly written last
-  block. Launches complete out of order as in the pool layer. This restricts which spec
-  transitions a request makes; it adds the table-scoped invariants (``TableView``) to the
-  checks. ``reserved`` is ``len(entries) * block_size`` and ``computed`` the written slots.
+* ``request``: the spec's request layer (``spec.requests``): the same pool driven only
+  through the request transitions (admission and prefix hits, growth, tokens becoming known,
+  publication, writes and copy-on-write, commit, seal and cache, fork, truncation, release,
+  eviction, launches completing out of order), with every pool invariant, the readers ghost
+  and every table invariant (``spec.request_invariants``) checked in every state. Token ids
+  known per request are bounded by ``max_tokens``. Its request fields carry no clock value,
+  and its conditions read the clock only as ``inflight[clock[ISSUED] - 1]``, which the epoch
+  normalization preserves.
 """
 
 from __future__ import annotations
@@ -60,11 +58,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pagedkv.spec.check import hash_ids, launch_ids
-from pagedkv.spec.invariants import Invariant, TableView
+from pagedkv.spec.check import hash_ids, launch_ids, request_violations
+from pagedkv.spec.invariants import Invariant
 from pagedkv.spec.model import ARRAY_FIELDS, BLOCK_FIELDS, PoolState, initial_state
 from pagedkv.spec.ops import CONCRETE, Arr, Overlay, flatten
-from pagedkv.spec.states import ALL_STATES, FREE, ISSUED, NO_BLOCK, NO_HASH, PUBLISHED, state_name
+from pagedkv.spec.requests import (
+    HOLDER_FIELDS,
+    NO_SLOT,
+    REQUEST_PARAM_KINDS,
+    REQUEST_TRANSITIONS,
+    RequestState,
+    RequestTransition,
+    initial_request_state,
+)
+from pagedkv.spec.states import ALL_STATES, FREE, ISSUED, NO_BLOCK, NO_HASH, WATERMARK, state_name
 from pagedkv.spec.transitions import Transition
 
 from . import epochs
@@ -93,7 +100,9 @@ class ExploreConfig:
     max_inflight: int = 2  # launches in flight
     max_window: int = 3  # launches issued, not yet passed by the watermark
     layer: str = "pool"  # "pool" | "request"
+    max_tokens: int = 4  # request layer: token ids known per request
     max_states: int = 3_000_000
+    max_depth: int | None = None  # None: the search runs until no new state appears
     stop_at_first: bool = False
     drop_unobserved: bool = True
 
@@ -121,6 +130,7 @@ class ExploreResult:
     dropped_fields: list[str] = field(default_factory=list)
     normalization: dict[str, Any] = field(default_factory=dict)  # normalization_lemma's result
     readers_checked: int = 0  # FREE blocks checked against the readers ghost
+    frontier: int = 0  # with a depth bound: new states at the bound, checked, not expanded
 
     @property
     def ok(self) -> bool:
@@ -172,10 +182,6 @@ def unobserved_fields(
     for inv in invariants.values():
         if inv.scope == "pool":
             read |= mentioned(inv.pred(ops, s))
-        elif inv.scope == "table":
-            tv = TableView(z3.Int("uo_t"), [z3.Int("uo_e0"), z3.Int("uo_e1")], z3.Int("uo_rs"),
-                           z3.Int("uo_cp"), [z3.Int("uo_c0"), z3.Int("uo_c1")])
-            read |= mentioned(inv.pred(ops, s, tv))
         else:
             read |= mentioned(inv.pred(ops, s, pt[inv.scope]))
     return [f for f in ARRAY_FIELDS if f not in read]
@@ -283,86 +289,64 @@ def param_values(t: Transition, cfg: ExploreConfig) -> list[dict[str, Any]]:
     return [dict(zip(t.params, vs, strict=True)) for vs in itertools.product(*doms)]
 
 
-# --- the request layer ------------------------------------------------------------------------
-Tables = tuple[tuple[int, ...], ...]
+# --- the request layer ---------------------------------------------------------------------
+RequestKey = tuple[Any, ...]
 Readers = tuple[tuple[int, ...], ...]  # per block: the launches in flight that may read it
 
-# A copy-on-write, as the allocator does it: a new block for the table's last position, the
-# copy launch numbered while the shared source is still held (so the launch pins it), the
-# copy written, then the source released. Numbering the launch after the release would let the
-# source be recycled under the copy kernel (the readers ghost reports it).
-COPY_STEPS = ("allocate", "publish", "launch", "begin_write", "release")
-COPY = "copy"
+
+def request_param_values(t: RequestTransition, cfg: ExploreConfig) -> list[dict[str, Any]]:
+    doms = []
+    for p in t.params:
+        kind = REQUEST_PARAM_KINDS[p]
+        doms.append({"block": range(cfg.blocks), "holder": range(cfg.holders),
+                     "hash": tuple(cfg.hashes), "slots": range(0, cfg.block_size + 1),
+                     "launch": range(0, cfg.max_window + 1)}[kind])
+    return [dict(zip(t.params, vs, strict=True)) for vs in itertools.product(*doms)]
 
 
-def _chain(cfg: ExploreConfig, r: int) -> tuple[int, ...]:
-    return tuple(cfg.hashes)  # every holder's tokens hash to the same chain: prefix hits
+class RequestCodec:
+    """The request fields as a tuple: per holder its table, positions and known chain values,
+    per block its seal. Entries past a table's end, chain values past the known blocks and
+    slots of blocks not held are not part of the state: no guard's outcome depends on them
+    (each read of one is under a conjunct that bounds its index)."""
 
+    def __init__(self, cfg: ExploreConfig) -> None:
+        self.holders = tuple(range(cfg.holders))
+        self.blocks = tuple(range(cfg.blocks))
 
-def request_allows(name: str, p: Mapping[str, Any], s: PoolState, tables: Tables,
-                   cfg: ExploreConfig) -> bool:
-    r = p.get("r")
-    if name == "allocate":
-        return len(tables[r]) < len(_chain(cfg, r))
-    if name == "share":
-        i = len(tables[r])
-        ch = _chain(cfg, r)
-        if i >= len(ch):
-            return False
-        if s.hmap[ch[i]] == p["b"]:
-            return True  # prefix hit on the requester's own chain value
-        return any(  # fork: same prefix, same tokens, take the other table's block i
-            q != r and len(tables[q]) > i and tables[q][:i] == tables[r]
-            and tables[q][i] == p["b"] and _chain(cfg, q)[: i + 1] == ch[: i + 1]
-            for q in range(cfg.holders)
-        )
-    if name == "release":
-        return bool(tables[r]) and tables[r][-1] == p["b"]
-    if name == "commit":
-        t = tables[r]
-        return p["b"] in t and p["h"] == _chain(cfg, r)[t.index(p["b"])]
-    if name == "rewind":  # truncation: earlier blocks are released (popped), the last one cut
-        return bool(tables[r]) and tables[r][-1] == p["b"]
-    return True
+    def key(self, s: RequestState) -> RequestKey:
+        per = []
+        for r in self.holders:
+            n, kq = s.tlen[r], s.known_q[r]
+            per.append((tuple(s.tab[r][i] for i in range(n)),
+                        tuple(getattr(s, f)[r] for f in HOLDER_FIELDS[1:]),
+                        tuple(s.chain[r][i] for i in range(kq))))
+        return tuple(per), tuple(s.content[b] for b in self.blocks)
 
+    def state(self, pool: PoolState, key: RequestKey) -> RequestState:
+        per, content = key
+        s = initial_request_state(pool)
+        fields: dict[str, Any] = {}
+        fields["tlen"] = Arr(0, {r: len(tab) for r, (tab, _, _) in enumerate(per)})
+        fields["tab"] = Arr(Arr(-1), {r: Arr(-1, dict(enumerate(tab)))
+                                      for r, (tab, _, _) in enumerate(per)})
+        fields["slot"] = Arr(Arr(NO_SLOT), {r: Arr(NO_SLOT, {b: i for i, b in enumerate(tab)})
+                                           for r, (tab, _, _) in enumerate(per)})
+        for k, f in enumerate(HOLDER_FIELDS[1:]):
+            fields[f] = Arr(0, {r: pos[k] for r, (_, pos, _) in enumerate(per)})
+        fields["chain"] = Arr(Arr(NO_HASH), {r: Arr(NO_HASH, dict(enumerate(ch)))
+                                             for r, (_, _, ch) in enumerate(per)})
+        fields["content"] = Arr(NO_HASH, dict(enumerate(content)))
+        return s.replace(**fields)
 
-def request_effect(name: str, p: Mapping[str, Any], tables: Tables) -> Tables:
-    r = p.get("r")
-    if name in ("allocate", "share"):
-        return tables[:r] + (tables[r] + (p["b"],),) + tables[r + 1:]
-    if name == "release":
-        return tables[:r] + (tables[r][:-1],) + tables[r + 1:]
-    if name in ("open_holder", "close_holder"):
-        return tables[:r] + ((),) + tables[r + 1:]
-    if name == COPY:
-        return tables[:r] + (tables[r][:-1] + (p["to"],),) + tables[r + 1:]
-    return tables
-
-
-def copy_moves(s: PoolState, tables: Tables, cfg: ExploreConfig) -> list[dict[str, int]]:
-    """(holder, its shared partly-written last block, a block to copy it to)."""
-    out = []
-    for r, t in enumerate(tables):
-        if t and s.state[t[-1]] == PUBLISHED and s.ref[t[-1]] > 1:
-            out += [{"r": r, "b": t[-1], "to": b2} for b2 in range(cfg.blocks) if b2 not in t]
-    return out
-
-
-def table_views(s: PoolState, tables: Tables, cfg: ExploreConfig) -> list[TableView]:
-    out = []
-    for r, entries in enumerate(tables):
-        if not s.alive[r]:
-            continue
-        ch = _chain(cfg, r)
-        chain = [ch[i] if i < len(ch) else NO_HASH for i in range(len(entries))]
-        computed = sum(min(s.filled[e], cfg.block_size) for e in entries)
-        out.append(TableView(r, list(entries), len(entries) * cfg.block_size, computed, chain))
-    return out
+    def within(self, s: RequestState, cfg: ExploreConfig) -> bool:
+        return all(s.known_q[r] * cfg.block_size + s.known_o[r] <= cfg.max_tokens
+                   for r in self.holders)
 
 
 # --- evaluation -------------------------------------------------------------------------------
 def violations(s: PoolState, invariants: Mapping[str, Invariant],
-               tables: list[TableView] | None = None,
+               requests: RequestState | None = None,
                launches: Iterable[int] = ()) -> list[tuple[str, Any]]:
     """Like ``spec.check.violations``, over the invariants handed in (launch scope: the spec's
     ``launch_ids`` and the configured launch numbers)."""
@@ -380,13 +364,11 @@ def violations(s: PoolState, invariants: Mapping[str, Invariant],
             if not inv.pred(CONCRETE, s):
                 out.append((inv.name, "pool"))
             continue
-        elif inv.scope == "table":
-            if tables is not None:
-                out += [(inv.name, t.holder) for t in tables if not inv.pred(CONCRETE, s, t)]
-            continue
         else:
             raise ValueError(f"unknown invariant scope {inv.scope!r}")
         out += [(inv.name, x) for x in pts if not inv.pred(CONCRETE, s, x)]
+    if requests is not None:
+        out += request_violations(requests, s.holder_ids)
     return out
 
 
@@ -422,7 +404,7 @@ def freed_while_read(s: PoolState, readers: Readers) -> list[tuple[int, tuple[in
     return [(b, readers[b]) for b in s.block_ids if s.state[b] == FREE and readers[b]]
 
 
-def describe(s: PoolState, tables: Tables | None = None, offset: int = 0,
+def describe(s: PoolState, tables: RequestKey | None = None, offset: int = 0,
              readers: Readers | None = None) -> str:
     """A state in the spec's words; ``offset``: the watermark it was normalized by (clock
     values and launch numbers are shown as they really are)."""
@@ -437,12 +419,21 @@ def describe(s: PoolState, tables: Tables | None = None, offset: int = 0,
         lines.append(f"    block {b}: " + " ".join(f"{k}={v}" for k, v in rec.items()) + rd)
     for r in s.holder_ids:
         held = [b for b in s.block_ids if s.holds[r][b]]
-        tab = f" table={list(tables[r])}" if tables is not None else ""
+        tab = ""
+        if tables is not None:
+            entries, pos, chain = tables[0][r]
+            named = dict(zip(HOLDER_FIELDS[1:], pos, strict=True))
+            tab = (f" table={list(entries)} positions(blocks, offset)="
+                   + ", ".join(f"{n}=({named[n + '_q']}, {named[n + '_o']})"
+                               for n in ("reserved", "issued", "computed", "known"))
+                   + f" chain={list(chain)}")
         lines.append(f"    holder {r}: alive={bool(s.alive[r])} nheld={s.nheld[r]} "
                      f"holds={held}{tab}")
     hm = {h: b for h, b in flatten(s.hmap).items() if b != NO_BLOCK}
     counts = {state_name(k): v for k, v in flatten(s.count).items()}
     lines.append(f"    hmap={hm} count={counts}")
+    if tables is not None:
+        lines.append(f"    sealed content={list(tables[1])}")
     clock = " ".join(f"{CLOCK_NAMES[k]}={s.clock[k] + offset}" for k in CLOCK_KEYS)
     lines.append(f"    clock: {clock}; launches in flight: "
                  f"{[L + offset for L in epochs.in_flight(s)]}")
@@ -452,38 +443,8 @@ def describe(s: PoolState, tables: Tables | None = None, offset: int = 0,
 def _label(name: str, p: Mapping[str, Any], offset: int) -> str:
     """A step as the spec would see it: launch numbers as they really are (``offset``: the
     watermark the state it was taken from had been normalized by)."""
-    if name == COPY:
-        return (f"copy(r={p['r']}, b={p['b']} -> {p['to']}: "
-                + ", ".join(_label(n, q, offset) for n, q in p["steps"]) + ")")
     shown = epochs.shift_params(p, {k: param_kind(k) for k in p}, -offset)
     return f"{name}({', '.join(f'{a}={v}' for a, v in shown.items())})"
-
-
-def copy_on_write(transitions: Mapping[str, Transition], s: PoolState, r: int, b: int, to: int
-                  ) -> tuple[PoolState, list[tuple[str, dict[str, Any]]], int] | None:
-    """Run ``COPY_STEPS`` (module doc): the final state, the steps, the copy launch's number."""
-    if any(n not in transitions for n in COPY_STEPS):
-        return None
-    steps: list[tuple[str, dict[str, Any]]] = []
-    L = -1
-    for name in COPY_STEPS:
-        if name in ("allocate", "publish"):
-            p: dict[str, Any] = {"b": to, "r": r}
-        elif name == "launch":
-            L = s.clock[ISSUED]
-            p = {"L": L}
-        elif name == "begin_write":
-            if s.filled[b] == 0:
-                continue
-            p = {"b": to, "r": r, "w": s.filled[b]}
-        else:
-            p = {"b": b, "r": r}
-        s2 = step(transitions[name], s, p)
-        if s2 is None:
-            return None
-        steps.append((name, p))
-        s = s2
-    return s, steps, L
 
 
 # --- the normalization lemma (z3) -------------------------------------------------------------
@@ -593,7 +554,7 @@ def explore(
 ) -> ExploreResult:
     t0 = time.perf_counter()
     request = cfg.layer == "request"
-    invs = {n: i for n, i in invariants.items() if request or i.scope != "table"}
+    invs = dict(invariants)
     dropped = unobserved_fields(transitions, invariants) if cfg.drop_unobserved else []
     norm = normalization_lemma(transitions, invariants) if lemma else {"ok": None}
     init0 = initial_state(cfg.blocks, cfg.block_size, range(cfg.holders))
@@ -601,11 +562,12 @@ def explore(
     init = codec.state(codec.key(init0))
     launch_pts = tuple(range(cfg.max_window + 1))
     moves = [(name, t, p) for name, t in transitions.items() for p in param_values(t, cfg)]
-    fired = dict.fromkeys(transitions, 0)
-    if request:
-        fired[COPY] = 0
+    rcodec = RequestCodec(cfg)
+    req_moves = [(name, t, p) for name, t in REQUEST_TRANSITIONS.items()
+                 for p in request_param_values(t, cfg)] if request else []
+    fired = dict.fromkeys(REQUEST_TRANSITIONS if request else transitions, 0)
     checked = dict.fromkeys(invs, 0)
-    tables0: Tables = tuple(() for _ in range(cfg.holders))
+    tables0 = rcodec.key(initial_request_state(init))
     readers0: Readers = tuple(() for _ in range(cfg.blocks))
     k0 = (codec.key(init), readers0, tables0 if request else None)
     # key -> (parent key, transition name, normalized params, watermark it was normalized by)
@@ -614,6 +576,7 @@ def explore(
     queue = deque([k0])
     edges = 0
     max_depth = 0
+    frontier = 0  # states at the depth bound, not expanded
     readers_checked = 0
     found: dict[str, Violation] = {}
     if norm.get("ok") is False:
@@ -636,11 +599,11 @@ def explore(
         return labels, offset
 
     def check(pk: Any, move: tuple[str, dict[str, Any]] | None, s: PoolState,
-              tabs: Tables | None, rd: Readers) -> bool:
+              tabs: RequestKey | None, rd: Readers) -> bool:
         """Check s, reached from pk's state by ``move`` (not normalized yet)."""
         nonlocal readers_checked
-        views = table_views(s, tabs, cfg) if tabs is not None else None
-        bad = violations(s, invs, views, launch_pts)
+        rs = rcodec.state(s, tabs) if tabs is not None else None
+        bad = violations(s, invs, rs, launch_pts)
         for n in invs:
             checked[n] += 1
         readers_checked += sum(s.state[b] == FREE for b in s.block_ids)
@@ -665,31 +628,23 @@ def explore(
     if not ok0 and cfg.stop_at_first:
         queue.clear()
 
-    def successors(s: PoolState, tabs: Tables | None, rd: Readers
-                   ) -> Iterable[tuple[str, dict[str, Any], PoolState, Tables | None, Readers]]:
-        for name, t, p in moves:
-            if request and not request_allows(name, p, s, tabs, cfg):  # type: ignore[arg-type]
+    def successors(s: PoolState, tabs: RequestKey | None, rd: Readers
+                   ) -> Iterable[tuple[str, dict[str, Any], PoolState, RequestKey | None,
+                                       Readers]]:
+        if not request:
+            for name, t, p in moves:
+                s2 = step(t, s, p)
+                if s2 is not None:
+                    yield name, p, s2, None, readers_after(s, s2, rd)
+            return
+        rs = rcodec.state(s, tabs)  # type: ignore[arg-type]
+        for name, rt, p in req_moves:
+            if not rt.guard(CONCRETE, rs, **p):
                 continue
-            s2 = step(t, s, p)
-            if s2 is None:
-                continue
-            yield name, p, s2, (request_effect(name, p, tabs) if request else None), \
-                readers_after(s, s2, rd)
-        if request:
-            for cp in copy_moves(s, tabs, cfg):  # type: ignore[arg-type]
-                got = copy_on_write(transitions, s, cp["r"], cp["b"], cp["to"])
-                if got is None:
-                    continue
-                s2, steps, L = got
-                # the ghost, step by step: the copy launch also reads its source explicitly
-                cur, rd2 = s, rd
-                for name, p in steps:
-                    nxt = step(transitions[name], cur, p)
-                    assert nxt is not None
-                    rd2 = readers_after(cur, nxt, rd2, {L: [cp["b"]]} if name == "launch"
-                                        else {})
-                    cur = nxt
-                yield COPY, dict(cp, steps=steps), s2, request_effect(COPY, cp, tabs), rd2  # type: ignore[arg-type]
+            rs2 = rt.effect(CONCRETE, rs, **p)
+            if not rcodec.within(rs2, cfg):
+                continue  # the token bound
+            yield name, p, rs2.pool, rcodec.key(rs2), readers_after(s, rs2.pool, rd)
 
     while queue:
         k = queue.popleft()
@@ -729,7 +684,10 @@ def explore(
             depth_of[k2] = d + 1
             max_depth = max(max_depth, d + 1)
             if check(k, (name, p), s2, tabs2, rd2):
-                queue.append(k2)  # violating states are reported, not expanded
+                if cfg.max_depth is None or d + 1 < cfg.max_depth:
+                    queue.append(k2)  # violating states are reported, not expanded
+                else:
+                    frontier += 1
             elif cfg.stop_at_first:
                 queue.clear()
                 break
@@ -745,5 +703,75 @@ def explore(
         config=asdict(cfg), states=len(parent), edges=edges, depth=max_depth,
         complete=complete, time_s=round(time.perf_counter() - t0, 3), fired=fired,
         violations=found, checked=checked, dropped_fields=dropped, normalization=norm,
-        readers_checked=readers_checked,
+        readers_checked=readers_checked, frontier=frontier,
     )
+
+
+@dataclass
+class WalkResult:
+    walks: int
+    steps: int
+    fired: dict[str, int]
+    violations: dict[str, str]
+    time_s: float
+
+
+def walk_requests(cfg: ExploreConfig, walks: int = 200, steps: int = 150, seed: int = 0,
+                  invariants: Mapping[str, Invariant] = DEFAULT_INVARIANTS) -> WalkResult:
+    """Seeded random walks through the request layer, deeper than the breadth-first search
+    reaches (a prefix hit needs about 18 steps): each step picks a request transition
+    uniformly among those enabled, then one of its enabled moves; every state is checked like
+    the explorer's (pool and table invariants, the readers ghost). No launch bound is needed:
+    walks are finite."""
+    import random
+
+    t0 = time.perf_counter()
+    rng = random.Random(seed)
+    rcodec = RequestCodec(cfg)
+    by_name = {name: request_param_values(t, cfg) for name, t in REQUEST_TRANSITIONS.items()}
+    names = list(by_name)
+    fired = dict.fromkeys(REQUEST_TRANSITIONS, 0)
+    found: dict[str, str] = {}
+    launch_pts = tuple(range(cfg.max_window + 1))
+    for _ in range(walks):
+        rs = initial_request_state(initial_state(cfg.blocks, cfg.block_size,
+                                                 range(cfg.holders)))
+        rs = rcodec.state(rs.pool, rcodec.key(rs))
+        readers: Readers = tuple(() for _ in range(cfg.blocks))
+        trace: list[str] = []
+        for _ in range(steps):
+            mark = rs.pool.clock[WATERMARK]
+            pts = tuple(range(mark, rs.pool.clock[ISSUED] + 1))
+            # a transition name uniformly among those with an enabled move, then a move of
+            # it: rarely enabled transitions (copy-on-write, hits) are not drowned out
+            picked = None
+            for name in rng.sample(names, len(names)):
+                for p in rng.sample(by_name[name], len(by_name[name])):
+                    t = REQUEST_TRANSITIONS[name]
+                    p = _shift_launch(p, mark)
+                    if t.guard(CONCRETE, rs, **p):
+                        nxt = t.effect(CONCRETE, rs, **p)
+                        if rcodec.within(nxt, cfg):  # the token bound
+                            picked = name, p, nxt
+                            break
+                if picked is not None:
+                    break
+            if picked is None:
+                break
+            name, p, nxt = picked
+            nxt = rcodec.state(nxt.pool.flattened(), rcodec.key(nxt))
+            readers = readers_after(rs.pool, nxt.pool, readers)
+            rs = nxt
+            fired[name] += 1
+            trace.append(f"{name}({', '.join(f'{k}={v}' for k, v in p.items())})")
+            bad = violations(rs.pool, invariants, rs, set(launch_pts) | set(pts))
+            bad += [(READERS, f"block {b}") for b, _ in freed_while_read(rs.pool, readers)]
+            for vname, where in bad:
+                found.setdefault(vname, f"{vname} at {where!r} after: " + ", ".join(trace))
+            if bad:
+                break
+    return WalkResult(walks, steps, fired, found, round(time.perf_counter() - t0, 3))
+
+
+def _shift_launch(p: dict[str, Any], mark: int) -> dict[str, Any]:
+    return {k: v + mark if REQUEST_PARAM_KINDS[k] == "launch" else v for k, v in p.items()}

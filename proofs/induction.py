@@ -4,7 +4,7 @@ For each (invariant I, transition T) the obligation is
 
     Inv(s) ∧ domains(params) ∧ guard_T(s, params)  ⊢  I(effect_T(s, params))
 
-where ``Inv`` is every non-table invariant at every point the obligation can mention. It is
+where ``Inv`` is every pool invariant at every point the obligation can mention. It is
 checked twice:
 
 * ``symbolic``: one symbolic goal point (block / hash / holder / launch), an unbounded pool of
@@ -290,8 +290,6 @@ def prove_obligation(
         return Obligation(inv_name, t_name, mode, result, round(time.perf_counter() - t0, 4),
                           detail, cx, format_counterexample(cx) if cx else None)
 
-    if inv.scope == "table":
-        return done(UNKNOWN, "table-scoped: request layer, checked by the explorer only")
     if mode == "symbolic":
         why = unsupported(invariants).get(inv_name)
         if why:
@@ -369,7 +367,7 @@ def induction_matrix(
     progress: Callable[[str], None] | None = None,
     only: Mapping[str, Any] | None = None,
 ) -> list[Obligation]:
-    """Every (non-table invariant, transition) obligation in the given mode."""
+    """Every (invariant, transition) obligation in the given mode."""
     out = []
     for iname in proof_invariants(invariants):
         if only and "invariants" in only and iname not in only["invariants"]:

@@ -691,18 +691,16 @@ def _z3_equivalence(m: Mutant, root: Path) -> tuple[str, str] | None:
         from pagedkv.spec.ops import Z3Ops
 
         mut = sys.modules[m.module]
-        if any(inv.pred.__name__ == m.function for inv in orig.INVARIANTS.values()
-               if inv.scope == "table"):
-            return None  # table invariants are not in the z3 model
         s, dom = bounded_state(DEFAULT_BOUNDED, "eq_")
         ops = Z3Ops()
         pts = {"block": list(range(DEFAULT_BOUNDED.blocks)),
                "hash": list(DEFAULT_BOUNDED.hashes),
-               "holder": list(range(DEFAULT_BOUNDED.holders)), "pool": [None]}
+               "holder": list(range(DEFAULT_BOUNDED.holders)),
+               "launch": DEFAULT_BOUNDED.launch_keys, "pool": [None]}
 
         def conj(invs: Any) -> Any:
             return z3.And(*[instance(ops, inv, s, p) for inv in invs.values()
-                            if inv.scope != "table" for p in pts[inv.scope]])
+                            for p in pts[inv.scope]])
 
         if solve(list(dom) + [conj(orig.INVARIANTS) != conj(mut.INVARIANTS)], 20000)[0] \
                 != PROVED:

@@ -49,6 +49,7 @@ from pagedkv.spec import (
     step,
     violations,
 )
+from pagedkv.spec.requests import summary, tables
 
 RIDS = ("r0", "r1", "r2", "r3", "r4")
 LIVE = "__live__:"  # CAMPAIGN key prefix: live instances of each invariant (sampled steps)
@@ -115,7 +116,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.fired = {"events": 0}
         initial = self.alloc.abstract()
         assert states_equal(initial.pool, self.model) == [], "initial state differs from spec"
-        assert violations(initial.pool, initial.tables) == []
+        assert violations(initial.pool, initial.requests) == []
 
     # ---- the refinement check -----------------------------------------------------------------
     def _replay(self) -> None:
@@ -145,7 +146,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert self.alloc.pool.trace == [], f"refused call performed {self.alloc.pool.trace}"
             after = self.alloc.abstract()
             assert states_equal(before.pool, after.pool) == [], "refused call changed the pool"
-            assert before.tables == after.tables, "refused call changed a table"
+            assert summary(before.requests) == summary(after.requests), (
+                "refused call changed a request")
             return exc
         raise AssertionError(f"expected {error.__name__}")
 
@@ -668,13 +670,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.alloc.check_invariants()
         a = self.alloc.abstract()
         if CAMPAIGN[STEPS] % LIVE_EVERY == 0:
-            for name, n in live_instances(a.pool, a.tables).items():
+            for name, n in live_instances(a.pool, a.requests).items():
                 CAMPAIGN[LIVE + name] += n
-        assert {t.holder for t in a.tables} == set(self.expect)
-        for t in a.tables:
-            e = self.expect[t.holder]
-            assert (t.reserved, t.computed) == (e.reserved, e.computed), t.holder
-            assert len(t.entries) == e.table_len
+        spec_tables = tables(a.requests)
+        assert set(spec_tables) == set(self.expect)
+        for rid, (entries, reserved, computed) in spec_tables.items():
+            e = self.expect[rid]
+            assert (reserved, computed) == (e.reserved, e.computed), rid
+            assert len(entries) == e.table_len
         counts = self.alloc.stats()
         m = self.model
         assert counts["free"] == m.count[FREE]

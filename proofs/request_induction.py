@@ -60,6 +60,8 @@ class RequestObligation:
     result: str
     time_s: float
     detail: str = ""
+    counterexample: dict[str, Any] | None = None
+    text: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,8 +203,10 @@ def prove_one(inv: Invariant, t: RequestTransition, pool_invs: Mapping[str, Inva
         m = sol.model()
         shown = {p: m.eval(v, model_completion=True) for p, v in params.items()}
         shown.update({f"goal{k}": m.eval(g, model_completion=True) for k, g in enumerate(goal)})
-        return RequestObligation(inv.name, t.name, COUNTEREXAMPLE, elapsed,
-                                 f"at {shown}")
+        where = ", ".join(f"{k}={v}" for k, v in shown.items())
+        return RequestObligation(inv.name, t.name, COUNTEREXAMPLE, elapsed, f"at {where}",
+                                 {k: str(v) for k, v in shown.items()},
+                                 f"counterexample: {inv.name} after {t.name}({where})")
     return RequestObligation(inv.name, t.name, UNKNOWN, elapsed, str(sol.reason_unknown()))
 
 
@@ -218,42 +222,3 @@ def prove_all(
         for t in transitions.values():
             out.append(prove_one(inv, t, pool_invs, timeout_ms))
     return out
-
-
-def initial_holds() -> list[str]:
-    """The table invariants on the initial state (no request open): names of those failing,
-    checked symbolically over any pool."""
-    from pagedkv.spec.model import initial_state
-    from pagedkv.spec.requests import initial_request_state
-
-    base = initial_state(1, 1)
-    pool = symbolic_state("init_")
-    ops = Z3Ops()
-    # the initial request fields, as z3 constant arrays
-    s0 = initial_request_state(base)
-    fields = {}
-    for f in (*HOLDER_FIELDS, "content"):
-        fields[f] = z3.K(z3.IntSort(), z3.IntVal(getattr(s0, f).default))
-    for f in ("tab", "slot", "chain"):
-        inner = getattr(s0, f).default.default
-        fields[f] = z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.IntVal(inner)))
-    s = RequestState(pool=pool, **fields)
-    failing = []
-    for inv in REQUEST_INVARIANTS.values():
-        goal = _goal(inv.scope)
-        sol = z3.Solver()
-        # the initial pool: nothing alive, nothing held, no hash, every block FREE
-        r0 = goal[0]
-        sol.add(z3.Not(pool.alive[r0]) if inv.scope != "block" else z3.BoolVal(True))
-        for b in [g for g in goal[1:]] + ([goal[0]] if inv.scope == "block" else []):
-            sol.add(z3.Not(pool.holds[r0][b]) if inv.scope == "holding" else True)
-            sol.add(pool.hash[b] == 0)
-        if inv.scope != "block":
-            sol.add(pool.nheld[r0] == 0)
-        if inv.scope == "holding":
-            sol.add(z3.Not(pool.holds[goal[0]][goal[1]]))
-        sol.add(pool.block_size >= 1)
-        sol.add(z3.Not(inv.pred(ops, s, *goal)))
-        if sol.check() != z3.unsat:
-            failing.append(inv.name)
-    return failing

@@ -26,12 +26,15 @@ from typing import Any
 
 from pagedkv.spec.check import spec_digest
 from pagedkv.spec.invariants import Invariant
+from pagedkv.spec.request_invariants import REQUEST_INVARIANTS
+from pagedkv.spec.requests import REQUEST_TRANSITIONS
 from pagedkv.spec.transitions import Transition
 
 from .bmc import BMCConfig, bmc
-from .explore import ExploreConfig, ExploreResult, explore
+from .explore import ExploreConfig, ExploreResult, explore, walk_requests
 from .induction import COUNTEREXAMPLE, PROVED, UNKNOWN, induction_matrix, unsupported
 from .nonvacuity import ENABLED, nonvacuity
+from .request_induction import prove_all as prove_requests
 from .safety import prove_safety
 from .z3_model import DEFAULT_INVARIANTS, DEFAULT_TRANSITIONS, BoundedConfig
 
@@ -49,6 +52,7 @@ class ProofReport:
     safety: dict[str, dict[str, Any]]
     transitions: dict[str, dict[str, Any]]
     exploration: dict[str, dict[str, Any]]
+    request_transitions: dict[str, dict[str, Any]]
     bmc: dict[str, Any]
     totals: dict[str, Any]
     failures: list[str] = field(default_factory=list)
@@ -96,10 +100,17 @@ def assumptions(bcfg: BoundedConfig, ecfgs: list[ExploreConfig], mcfg: BMCConfig
         f"{bcfg.blocks} hashes are carried plus one fresh one to commit), block size symbolic, "
         f"clock values and launches 0..{bcfg.launches} (complete for states whose clock window "
         f"issued - watermark is at most {bcfg.launches}, up to the epoch normalization).",
-        "Table-scoped invariants (table_*) concern the request layer, which the spec has no "
-        "transitions for: tested exhaustively by the explorer's request layer (tables as "
-        "tuples: allocate/share append, release pops the tail, commit uses the table "
-        "position's chain value, share is a prefix hit or a fork), not proved.",
+        "The request layer (spec.requests): every request transition is a fixed sequence of "
+        "pool transitions, each under its own guard, so the pool invariants hold there too. "
+        "The table invariants (spec.request_invariants) are proved inductive over the request "
+        "transitions with z3 over an unbounded pool, any block size and any number of "
+        "requests (positions kept as (blocks, offset) pairs: linear), assuming the pool "
+        "invariants without pool-wide sums plus two lemmas proved from ref_matches_holders "
+        "(a held block has ref >= 1, one held by two holders ref >= 2). The request layer is "
+        "also searched breadth-first to a depth bound (every state up to it), and by seeded "
+        "random walks deep enough for prefix hits and evictions.",
+        "A fork shares a block whose write is still in flight: the child's launches are "
+        "published later, so on the one stream they run after the write.",
         f"Exploration ({layers}): hash values {list(e.hashes)} shared by every holder's "
         "chain; fields nothing reads (gen) are not part of the explored state (a "
         "bisimulation; found with z3); every state is stored as seen from its watermark "
@@ -166,14 +177,14 @@ def run_all(
                 ExploreConfig(blocks=2, holders=2, block_size=1, max_inflight=2, max_window=2,
                               layer="pool"),
                 ExploreConfig(blocks=2, holders=2, block_size=2, max_inflight=2, max_window=2,
-                              layer="request"),
+                              layer="request", max_tokens=3, hashes=(1,), max_depth=7),
             ]
         else:
             explore_cfgs = [
                 ExploreConfig(blocks=3, holders=2, block_size=1, max_inflight=1, max_window=2,
                               layer="pool"),
-                ExploreConfig(blocks=2, holders=2, block_size=2, max_inflight=2, max_window=3,
-                              layer="request"),
+                ExploreConfig(blocks=2, holders=2, block_size=2, max_inflight=2, max_window=2,
+                              layer="request", max_tokens=3, hashes=(1,), max_depth=8),
             ]
     mcfg = bmc_cfg or BMCConfig(budget_s=5.0 if quick else 12.0)
     timings: dict[str, float] = {}
@@ -197,6 +208,13 @@ def run_all(
     tt = time.perf_counter()
     mres = bmc(mcfg, transitions, invariants, progress=progress)
     timings["bmc_s"] = round(time.perf_counter() - tt, 2)
+    tt = time.perf_counter()
+    req_obs = prove_requests(pool_invariants=invariants)
+    timings["induction_requests_s"] = round(time.perf_counter() - tt, 2)
+    wcfg = ExploreConfig(blocks=3, holders=2, block_size=2, max_window=3, layer="request",
+                         max_tokens=6, hashes=(1, 2))
+    walks = walk_requests(wcfg, walks=100 if quick else 300, steps=150, invariants=invariants)
+    timings["request_walks_s"] = walks.time_s
     rest = [explore(c, transitions, invariants) for c in explore_cfgs[1:]]
     tt = time.perf_counter()
     exps = join() + rest
@@ -211,21 +229,12 @@ def run_all(
     inv_rows: dict[str, dict[str, Any]] = {}
     for name, inv in invariants.items():
         row: dict[str, Any] = {"scope": inv.scope, "property": inv.property, "doc": inv.doc}
-        if inv.scope == "table":
-            row["induction"] = {}
-            row["induction_bounded"] = {}
-            row["status"] = "tested, not proved"
-            row["reason"] = ("the spec has no request-layer transitions; checked in every "
-                             "state of the explorer's request layer")
-        else:
-            row["induction"] = {o.transition: _ob(o) for o in sym if o.invariant == name}
-            row["induction_bounded"] = {o.transition: _ob(o) for o in bnd if o.invariant == name}
-            if name in unsup:
-                row["symbolic_note"] = unsup[name]
+        row["induction"] = {o.transition: _ob(o) for o in sym if o.invariant == name}
+        row["induction_bounded"] = {o.transition: _ob(o) for o in bnd if o.invariant == name}
+        if name in unsup:
+            row["symbolic_note"] = unsup[name]
         reach = {}
         for e in exps:
-            if inv.scope == "table" and e.config["layer"] != "request":
-                continue
             v = e.violations.get(name)
             reach[e.config["layer"]] = {
                 "result": "violated" if v else ("holds" if e.complete else "incomplete"),
@@ -234,14 +243,10 @@ def run_all(
                 "text": v.text if v else None,
             }
         row["reachable"] = reach
-        row["bmc_depth"] = mres.depth if inv.scope != "table" else None
-        if inv.scope != "table":
-            row["status"] = _status(row)
-        elif any(r["result"] != "holds" for r in reach.values()) or not reach:
-            row["status"] = "violated" if any(r["result"] == "violated"
-                                              for r in reach.values()) else "not checked"
+        row["bmc_depth"] = mres.depth
+        row["status"] = _status(row)
         inv_rows[name] = row
-        if row["status"] not in ("proved", "tested, not proved"):
+        if row["status"] != "proved":
             failures.append(f"invariant {name}: {row['status']}")
         for mode in ("induction", "induction_bounded"):
             for tname, ob in row[mode].items():
@@ -252,6 +257,44 @@ def run_all(
             if r["result"] != "holds":
                 failures.append(f"{name} [{layer} reachability]: {r['result']}"
                                 + (f"\n{r['text']}" if r.get("text") else ""))
+
+    req_layer = [e for e in exps if e.config["layer"] == "request"]
+    for name, inv in REQUEST_INVARIANTS.items():
+        row = {"scope": inv.scope, "property": inv.property, "doc": inv.doc,
+               "induction": {o.transition: _ob(o) for o in req_obs if o.invariant == name},
+               "induction_bounded": {}, "bmc_depth": None}
+        reach = {}
+        for e in req_layer:
+            v = e.violations.get(name)
+            reach[e.config["layer"]] = {
+                "result": "violated" if v else ("holds" if e.complete else "incomplete"),
+                "states": e.states, "trace": v.trace if v else None,
+                "text": v.text if v else None}
+        if name in walks.violations:
+            reach["walks"] = {"result": "violated", "states": walks.walks * walks.steps,
+                              "trace": None, "text": walks.violations[name]}
+        row["reachable"] = reach
+        row["status"] = _status(row)
+        inv_rows[name] = row
+        if row["status"] != "proved":
+            failures.append(f"table invariant {name}: {row['status']}")
+        for tname, ob in row["induction"].items():
+            if ob["result"] != PROVED:
+                failures.append(f"{name} / {tname} [request layer]: {ob['result']} "
+                                f"{ob.get('detail', '')}")
+    for o in req_obs:
+        if o.transition == "-" and o.result != PROVED:
+            failures.append(f"request layer {o.invariant}: {o.result}")
+    for vname, text in walks.violations.items():
+        if vname not in REQUEST_INVARIANTS and vname not in invariants:
+            failures.append(f"request walks {vname}: {text}")
+    r_rows = {}
+    for name in REQUEST_TRANSITIONS:
+        fired = {e.config["layer"]: e.fired.get(name, 0) for e in req_layer}
+        fired["walks"] = walks.fired.get(name, 0)
+        r_rows[name] = {"fired": fired}
+        if not any(fired.values()):
+            failures.append(f"request transition {name}: never fired (explorer, walks)")
 
     saf_rows = {p: r.to_dict() for p, r in saf.items()}
     for p, r in saf.items():
@@ -288,6 +331,9 @@ def run_all(
         "proved": sum(o.result == PROVED for o in obs),
         "counterexample": sum(o.result == COUNTEREXAMPLE for o in obs),
         "unknown": sum(o.result == UNKNOWN for o in obs),
+        "request_obligations": len(req_obs),
+        "request_proved": sum(o.result == PROVED for o in req_obs),
+        "request_walk_steps": sum(walks.fired.values()),
         "safety_claims": len(claims),
         "safety_proved": sum(c.result == PROVED for c in claims),
         "reachable_states": {e.config["layer"]: e.states for e in exps},
@@ -307,7 +353,8 @@ def run_all(
     return ProofReport(
         ok=not failures, quick=quick, spec_digest=spec_digest(), config=config,
         assumptions=assumptions(bcfg, explore_cfgs, mcfg), invariants=inv_rows,
-        safety=saf_rows, transitions=t_rows, exploration=ex_rows, bmc=mres.to_dict(),
+        safety=saf_rows, transitions=t_rows, request_transitions=r_rows,
+        exploration=ex_rows, bmc=mres.to_dict(),
         totals=totals, failures=failures,
     )
 
@@ -376,9 +423,18 @@ def format_table(r: ProofReport) -> str:
         fired = "/".join(str(row["fired"].get(k, 0)) for k in layers)
         lines.append(f"{name:14} {nv:30} {fired}")
     lines.append("")
+    lines.append(f"{'request transition':18} fired " + "/".join(
+        next(iter(r.request_transitions.values()), {}).get("fired", {})))
+    for name, row in r.request_transitions.items():
+        lines.append(f"{name:18} " + "/".join(str(v) for v in row["fired"].values()))
+    lines.append("")
     for layer, e in r.exploration.items():
+        bound = e["config"].get("max_depth")
+        extent = (f"complete={e['complete']}" if bound is None else
+                  f"every state to depth {bound}: {e['complete']}, "
+                  f"{e.get('frontier', 0)} at the bound")
         lines.append(f"explorer[{layer}]: {e['states']} states, {e['edges']} edges, depth "
-                     f"{e['depth']}, complete={e['complete']}, {e['time_s']}s")
+                     f"{e['depth']}, {extent}, {e['time_s']}s")
         norm = e.get("normalization") or {}
         own = [k for k in e["violations"] if k not in r.invariants]
         lines.append(f"  epoch normalization lemma: "
@@ -392,7 +448,9 @@ def format_table(r: ProofReport) -> str:
     t = r.totals
     lines.append(f"obligations: {t['proved']}/{t['obligations']} proved, "
                  f"{t['counterexample']} counterexample(s), {t['unknown']} unknown; safety "
-                 f"claims {t['safety_proved']}/{t['safety_claims']}; total {t['time_s']}s")
+                 f"claims {t['safety_proved']}/{t['safety_claims']}; request layer "
+                 f"{t.get('request_proved', 0)}/{t.get('request_obligations', 0)} proved, "
+                 f"{t.get('request_walk_steps', 0)} walk steps; total {t['time_s']}s")
     lines.append("assumptions:")
     lines += [f"  - {a}" for a in r.assumptions]
     if r.failures:

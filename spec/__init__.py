@@ -1,9 +1,11 @@
 """pagedkv.spec — the block lifecycle, written once: states, transitions, invariants."""
 
-from .check import launch_ids, live_instances, spec_digest, step, violations
-from .invariants import INVARIANTS, PROPERTIES, Invariant, TableView
+from .check import launch_ids, live_instances, request_violations, spec_digest, step, violations
+from .invariants import INVARIANTS, PROPERTIES, Invariant
 from .model import BLOCK_FIELDS, PoolState, initial_state, states_equal
 from .ops import CONCRETE, Arr, ConcreteOps, Overlay, Z3Ops, flatten
+from .request_invariants import REQUEST_INVARIANTS
+from .requests import REQUEST_TRANSITIONS, RequestState, initial_request_state, request_step
 from .states import (
     ALL_STATES,
     ALLOCATED,
@@ -27,7 +29,9 @@ __all__ = [
     "NO_HASH", "WATERMARK",
     "Overlay",
     "PROPERTIES", "PUBLISHED", "PoolState", "RECLAIMED", "REFERENCED", "TRANSITIONS",
-    "TableView", "Transition", "Z3Ops", "flatten", "initial_state", "launch_ids", "live_instances",
+    "REQUEST_INVARIANTS", "REQUEST_TRANSITIONS", "RequestState", "initial_request_state",
+    "request_step", "request_violations", "Transition", "Z3Ops", "flatten", "initial_state",
+    "launch_ids", "live_instances",
     "slots_written",
     "spec_digest", "state_name", "states_equal", "step", "violations",
 ]

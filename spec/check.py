@@ -7,9 +7,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .invariants import INVARIANTS, Invariant, TableView
+from .invariants import INVARIANTS, Invariant
 from .model import PoolState
-from .ops import CONCRETE, ConcreteOps
+from .ops import CONCRETE, Arr, ConcreteOps, Overlay, flatten
+from .request_invariants import REQUEST_INVARIANTS
+from .requests import RequestState
 from .transitions import TRANSITIONS
 
 
@@ -33,19 +35,56 @@ def launch_ids(s: PoolState) -> list[Any]:
     return sorted({k for k, v in arr.items() if v} | {s.clock[ISSUED]})
 
 
+def held_blocks(s: PoolState, r: Any) -> list[Any]:
+    """Concrete: the blocks holder r holds."""
+    row = s.holds[r]
+    if isinstance(row, Arr | Overlay):
+        return [b for b, v in flatten(row).items() if v]
+    return [b for b in s.block_ids if row[b]]
+
+
+def request_points(inv: Invariant, s: RequestState, holders: Iterable[Any]
+                   ) -> list[tuple[Any, ...]]:
+    """The concrete points a table invariant ranges over: every request, each of its entries,
+    each block it holds or names, every block of the pool."""
+    holders = list(holders)
+    if inv.scope == "holder":
+        return [(r,) for r in holders]
+    if inv.scope == "entry":
+        return [(r, i) for r in holders for i in range(s.tlen[r])]
+    if inv.scope == "holding":
+        return [(r, b) for r in holders
+                for b in sorted(set(held_blocks(s.pool, r))
+                                | {s.tab[r][i] for i in range(s.tlen[r])})]
+    if inv.scope == "block":
+        return [(b,) for b in s.pool.block_ids]
+    raise ValueError(f"unknown request invariant scope {inv.scope!r}")  # pragma: no cover
+
+
+def request_violations(s: RequestState, holders: Iterable[Any] | None = None
+                       ) -> list[tuple[str, Any]]:
+    """(table invariant, where) for every table invariant failing on a concrete state."""
+    holders = list(s.pool.holder_ids if holders is None else holders)
+    out: list[tuple[str, Any]] = []
+    for inv in REQUEST_INVARIANTS.values():
+        out += [(inv.name, pt if len(pt) > 1 else pt[0]) for pt in request_points(inv, s, holders)
+                if not inv.pred(CONCRETE, s, *pt)]
+    return out
+
+
 def violations(
     s: PoolState,
-    tables: Iterable[TableView] = (),
+    requests: RequestState | None = None,
     names: Iterable[str] | None = None,
     blocks: Iterable[Any] | None = None,
 ) -> list[tuple[str, Any]]:
-    """(invariant name, where) for every invariant that fails on a concrete state.
+    """(invariant name, where) for every invariant that fails on a concrete state: the pool's,
+    and the tables' when the request layer's state is given.
 
     ``blocks`` narrows the block-scoped invariants to the given blocks (checked mode's
     per-touched-block check); by default every invariant is evaluated everywhere.
     """
     selected: list[Invariant] = [INVARIANTS[n] for n in (names or INVARIANTS)]
-    tables = list(tables)
     block_range = list(s.block_ids) if blocks is None else list(blocks)
     out: list[tuple[str, Any]] = []
     for inv in selected:
@@ -62,10 +101,10 @@ def violations(
         elif inv.scope == "pool":
             if not inv.pred(CONCRETE, s):
                 out.append((inv.name, "pool"))
-        elif inv.scope == "table":
-            out += [(inv.name, t.holder) for t in tables if not inv.pred(CONCRETE, s, t)]
         else:  # pragma: no cover - a spec authoring error
             raise ValueError(f"unknown invariant scope {inv.scope!r}")
+    if requests is not None and blocks is None:
+        out += request_violations(requests)
     return out
 
 
@@ -83,7 +122,7 @@ class _PremiseOps(ConcreteOps):
         return (not a) or bool(b)
 
 
-def _instances(inv: Invariant, s: PoolState, tables: list[TableView]) -> list[tuple[Any, ...]]:
+def _instances(inv: Invariant, s: PoolState) -> list[tuple[Any, ...]]:
     if inv.scope == "block":
         return [(b,) for b in s.block_ids]
     if inv.scope == "hash":
@@ -92,25 +131,29 @@ def _instances(inv: Invariant, s: PoolState, tables: list[TableView]) -> list[tu
         return [(r,) for r in s.holder_ids]
     if inv.scope == "launch":
         return [(L,) for L in launch_ids(s)]
-    if inv.scope == "table":
-        return [(t,) for t in tables]
     return [()]
 
 
-def live_instances(s: PoolState, tables: Iterable[TableView] = ()) -> dict[str, int]:
+def live_instances(s: PoolState, requests: RequestState | None = None) -> dict[str, int]:
     """Per invariant, its instances on this state that are not vacuously true: every instance
     of an invariant with no implication, else those where some implication's premise holds.
     Evidence that a check exercised the invariant, not only that it passed."""
-    tables = list(tables)
     out: dict[str, int] = {}
     for inv in INVARIANTS.values():
-        n = 0
-        for args in _instances(inv, s, tables):
-            ops = _PremiseOps()
-            inv.pred(ops, s, *args)
-            n += ops.live > 0 or ops.premises == 0
-        out[inv.name] = n
+        out[inv.name] = _live(inv, s, _instances(inv, s))
+    if requests is not None:
+        for inv in REQUEST_INVARIANTS.values():
+            out[inv.name] = _live(inv, requests, request_points(inv, requests, s.holder_ids))
     return out
+
+
+def _live(inv: Invariant, s: Any, points: Iterable[tuple[Any, ...]]) -> int:
+    n = 0
+    for args in points:
+        ops = _PremiseOps()
+        inv.pred(ops, s, *args)
+        n += ops.live > 0 or ops.premises == 0
+    return n
 
 
 def step(s: PoolState, name: str, **params: Any) -> PoolState | None:

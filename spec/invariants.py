@@ -5,13 +5,14 @@ Scopes say what an invariant ranges over:
 - ``hash``: ``pred(ops, s, h)`` for every hash h;
 - ``holder``: ``pred(ops, s, r)`` for every holder r;
 - ``launch``: ``pred(ops, s, L)`` for every launch number L;
-- ``pool``: ``pred(ops, s)`` once, pool-wide (sums over ``s.block_ids``/``s.holder_ids``);
-- ``table``: ``pred(ops, s, t)`` for every request table ``t`` (a ``TableView``).
+- ``pool``: ``pred(ops, s)`` once, pool-wide (sums over ``s.block_ids``/``s.holder_ids``).
+
+The request tables' invariants are in ``spec.request_invariants``, over ``spec.requests``' state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,21 +40,6 @@ CONSERVATION = "every block accounted for exactly once"
 COPY_ON_WRITE = "shared blocks are never written"
 ISOLATION = "isolation between salts / requests"
 TABLE_SHAPE = "tables map positions to blocks correctly"
-
-
-@dataclass(frozen=True)
-class TableView:
-    """A request's table as the spec sees it.
-
-    ``chain[i]`` is the request's own salted hash-chain value for full block i (``NO_HASH``
-    where the block is not full or its tokens are not known yet).
-    """
-
-    holder: Any
-    entries: Sequence[Any]
-    reserved: Any
-    computed: Any
-    chain: Sequence[Any]
 
 
 @dataclass(frozen=True)
@@ -172,35 +158,6 @@ def _holders_consistent(ops: Any, s: PoolState, r: Any) -> Any:
     return ops.And(s.nheld[r] == held, ops.Implies(ops.Not(s.alive[r]), s.nheld[r] == 0))
 
 
-def _table_covers_reserved(ops: Any, s: PoolState, t: TableView) -> Any:
-    n = len(t.entries)
-    return ops.And(
-        n * s.block_size >= t.reserved,
-        n * s.block_size < t.reserved + s.block_size,
-        t.computed >= 0,
-        t.computed <= t.reserved,
-    )
-
-
-def _table_distinct_and_held(ops: Any, s: PoolState, t: TableView) -> Any:
-    distinct = [
-        t.entries[i] != t.entries[j]
-        for i in range(len(t.entries))
-        for j in range(i + 1, len(t.entries))
-    ]
-    held = [s.holds[t.holder][e] for e in t.entries]
-    return ops.And(s.alive[t.holder], s.nheld[t.holder] == len(t.entries), *distinct, *held)
-
-
-def _table_isolation(ops: Any, s: PoolState, t: TableView) -> Any:
-    return ops.And(
-        *[
-            ops.Implies(s.hash[e] != NO_HASH, s.hash[e] == t.chain[i])
-            for i, e in enumerate(t.entries)
-        ]
-    )
-
-
 INVARIANTS: dict[str, Invariant] = {
     inv.name: inv
     for inv in (
@@ -239,12 +196,6 @@ INVARIANTS: dict[str, Invariant] = {
                   "writes only into PUBLISHED blocks, begun while held once (copy-on-write)"),
         Invariant("holders_consistent", "holder", _holders_consistent, NO_DOUBLE_FREE,
                   "a holder's ghost count matches what it holds; dead holders hold nothing"),
-        Invariant("table_covers_reserved", "table", _table_covers_reserved, TABLE_SHAPE,
-                  "a table has ceil(reserved / B) entries and computed <= reserved"),
-        Invariant("table_distinct_and_held", "table", _table_distinct_and_held, TABLE_SHAPE,
-                  "no block twice in a table; every entry is held by that table"),
-        Invariant("table_isolation", "table", _table_isolation, ISOLATION,
-                  "a hashed entry at index i carries the request's own salted chain hash at i"),
     )
 }
 

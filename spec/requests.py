@@ -86,6 +86,38 @@ def split(n: int, block_size: int) -> tuple[int, int]:
     return divmod(n, block_size)
 
 
+def count(s: RequestState, name: str, r: Any) -> int:
+    """Concrete: a position of r (``reserved``, ``issued``, ``computed``, ``known``) as a count."""
+    q, o = s.position(name, r)
+    return int(q) * int(s.pool.block_size) + int(o)
+
+
+def table_of(s: RequestState, r: Any) -> list[Any]:
+    """Concrete: r's table entries."""
+    return [s.tab[r][i] for i in range(s.tlen[r])]
+
+
+def request_state(pool: PoolState, block_size: int,
+                  requests: Sequence[tuple[Any, Sequence[int], dict[str, int], Sequence[int]]],
+                  content: dict[int, int]) -> RequestState:
+    """Concrete: the request layer's state from each request's (holder, table, position counts
+    by name, chain values of its known full blocks) and the sealed blocks' content."""
+    fields: dict[str, Any] = {
+        "tlen": Arr(0, {r: len(tab) for r, tab, _, _ in requests}),
+        "tab": Arr(Arr(-1), {r: Arr(-1, dict(enumerate(tab))) for r, tab, _, _ in requests}),
+        "slot": Arr(Arr(NO_SLOT), {r: Arr(NO_SLOT, {b: i for i, b in enumerate(tab)})
+                                   for r, tab, _, _ in requests}),
+        "chain": Arr(Arr(NO_HASH), {r: Arr(NO_HASH, dict(enumerate(ch)))
+                                    for r, _, _, ch in requests}),
+        "content": Arr(NO_HASH, content),
+    }
+    for name in POSITIONS:
+        q = {r: pos[name] // block_size for r, _, pos, _ in requests}
+        o = {r: pos[name] % block_size for r, _, pos, _ in requests}
+        fields[f"{name}_q"], fields[f"{name}_o"] = Arr(0, q), Arr(0, o)
+    return RequestState(pool=pool, **fields)
+
+
 # --- positions as (blocks, offset) pairs: linear comparisons -----------------------------------
 def pos_le(ops: Any, a: tuple[Any, Any], b: tuple[Any, Any]) -> Any:
     return ops.Or(a[0] < b[0], ops.And(a[0] == b[0], a[1] <= b[1]))
@@ -371,7 +403,7 @@ def _fork_conds(ops: Any, s: RequestState, r: Any, p: Any) -> list[Any]:
         pos_eq(ops, s.position("computed", r),
                pos_min(ops, s.position("computed", p), (i, 0))),
         pos_eq(ops, s.position("known", r), s.position("known", p)),
-        s.chain[r][i] == s.chain[p][i],
+        ops.Implies(i < s.known_q[r], s.chain[r][i] == s.chain[p][i]),
     ]
 
 
@@ -524,3 +556,18 @@ def request_step(s: RequestState, name: str, **params: Any) -> RequestState | No
     return t.effect(CONCRETE, s, **params).flattened()
 
 
+
+
+def tables(s: RequestState) -> dict[Any, tuple[tuple[Any, ...], int, int]]:
+    """Concrete: every open request's (entries, reserved, computed)."""
+    return {r: (tuple(table_of(s, r)), count(s, "reserved", r), count(s, "computed", r))
+            for r in s.pool.holder_ids if s.pool.alive[r]}
+
+
+def summary(s: RequestState) -> dict[str, Any]:
+    """Concrete: everything the request layer's state says, as plain values (for equality)."""
+    reqs = {r: (tuple(table_of(s, r)), *(count(s, n, r) for n in POSITIONS),
+                tuple(s.chain[r][i] for i in range(s.known_q[r])))
+            for r in s.pool.holder_ids if s.pool.alive[r]}
+    content = {b: s.content[b] for b in s.pool.block_ids if s.content[b] != NO_HASH}
+    return {"requests": reqs, "content": content}

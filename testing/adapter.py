@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from pagedkv.spec import PoolState, TableView
+from pagedkv.spec import PoolState, RequestState
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,13 @@ class AllocatorAdapter(Protocol):
 @runtime_checkable
 class SpecView(Protocol):
     """Optional: an allocator that maps itself to pagedkv's spec state (capability
-    ``spec_view``). ``abstract()`` is its state as a ``pagedkv.spec.PoolState`` plus one
-    ``TableView`` per request table; ``transitions()`` returns, and forgets, the spec
+    ``spec_view``). ``abstract()`` is its state as a ``pagedkv.spec.PoolState`` plus the
+    request layer's ``pagedkv.spec.RequestState`` (its requests' tables and positions);
+    ``transitions()`` returns, and forgets, the spec
     transitions (``(name, params)``, as in ``pagedkv.spec.TRANSITIONS``) it performed since
     the last call."""
 
-    def abstract(self) -> tuple[PoolState, Sequence[TableView]]: ...
+    def abstract(self) -> tuple[PoolState, RequestState]: ...
 
     def transitions(self) -> list[tuple[str, dict[str, Any]]]: ...
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pagedkv.allocator import BlockAllocator, Launch
 from pagedkv.engine import EngineRequest, KVCacheManager, RequestStatus
-from pagedkv.spec import PoolState, TableView
+from pagedkv.spec import PoolState, RequestState
 
 from .adapter import AdapterFactory, Capabilities
 
@@ -27,9 +27,9 @@ class _PoolTrace:
 
     _traced: BlockAllocator
 
-    def abstract(self) -> tuple[PoolState, Sequence[TableView]]:
+    def abstract(self) -> tuple[PoolState, RequestState]:
         a = self._traced.abstract()
-        return a.pool, a.tables
+        return a.pool, a.requests
 
     def transitions(self) -> list[tuple[str, dict[str, Any]]]:
         trace = self._traced.pool.trace

@@ -46,6 +46,7 @@ from pagedkv.spec import (
     violations,
 )
 from pagedkv.spec.explain import explain_refusal
+from pagedkv.spec.requests import tables
 
 from .adapter import AdapterFactory, AllocatorAdapter, SpecView
 from .model import CheckFailed, LaunchRec, ObservedModel, Req
@@ -92,9 +93,9 @@ class AdapterMachine(RuleBasedStateMachine):
                 raise TypeError(f"{type(adapter).__name__} declares spec_view but lacks "
                                 "abstract() / transitions()")
             adapter.transitions()  # what the set-up did is the starting state
-            pool, tables = adapter.abstract()
+            pool, requests = adapter.abstract()
             self.spec = pool
-            bad = violations(pool, tables)
+            bad = violations(pool, requests)
             if bad:
                 self._fail(f"invariant:{bad[0][0]}", f"the initial state fails at {bad[0][1]!r}")
 
@@ -156,10 +157,9 @@ class AdapterMachine(RuleBasedStateMachine):
             "num_cached_blocks()": a.num_cached_blocks(),
         }
         if self.caps.spec_view:
-            pool, tables = a.abstract()
+            pool, requests = a.abstract()
             snap["spec"] = pool
-            snap["spec tables"] = {t.holder: (tuple(t.entries), t.reserved, t.computed)
-                                   for t in tables}
+            snap["spec tables"] = tables(requests)
         return snap
 
     def _unchanged(self, before: dict[str, Any], text: str) -> None:
@@ -237,18 +237,18 @@ class AdapterMachine(RuleBasedStateMachine):
             self._check_spec(last)
 
     def _check_spec(self, last: str) -> None:
-        pool, tables = self.adapter.abstract()  # type: ignore[attr-defined]
-        bad = violations(pool, tables)
+        pool, requests = self.adapter.abstract()  # type: ignore[attr-defined]
+        bad = violations(pool, requests)
         if bad:
             name, where = bad[0]
             more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
             self._fail(f"invariant:{name}", f"invariant {name!r} fails at {where!r}{more} "
                                             f"after {last}")
-        by_holder = {t.holder: t for t in tables}
+        by_holder = tables(requests)
         for rid, req in self.model.reqs.items():
             t = by_holder.get(rid)
-            if t is None or list(t.entries) != req.table:
-                shown = None if t is None else list(t.entries)
+            if t is None or list(t[0]) != req.table:
+                shown = None if t is None else list(t[0])
                 self._fail("spec_tables", f"abstract() has table {shown} for {rid!r}, the "
                                           f"allocator's block_table is {req.table}")
         for holder in by_holder:

@@ -22,11 +22,12 @@ from pagedkv.allocator import (
     resolve,
 )
 from pagedkv.spec import CACHED, FREE, PUBLISHED, RECLAIMED, REFERENCED
+from pagedkv.spec.requests import summary
 
 
 def snapshot(a: BlockAllocator):
     ab = a.abstract()
-    return ab.pool.flattened(), ab.tables, a.pool.queue.order(), a.stats()
+    return ab.pool.flattened(), summary(ab.requests), a.pool.queue.order(), a.stats()
 
 
 def assert_unchanged(a: BlockAllocator, before) -> None:

@@ -42,6 +42,7 @@ from pagedkv.spec import (
     REFERENCED,
     states_equal,
 )
+from pagedkv.spec.requests import summary
 
 NAN, INF = float("nan"), float("inf")
 NB, BS = 16, 4  # the world's pool
@@ -96,7 +97,7 @@ def snapshot(a: BlockAllocator, *, ids: bool = True) -> dict:
         "inflight": [(id(x) if ids else None, x.completed) for x in a.inflight],
         "queue": a.pool.queue.order(),
         "pool": ab.pool,
-        "tables": ab.tables,
+        "tables": summary(ab.requests),
     }
 
 

@@ -18,10 +18,10 @@ from pagedkv.spec import (
     PUBLISHED,
     REFERENCED,
     WATERMARK,
-    TableView,
     launch_ids,
     violations,
 )
+from pagedkv.spec.requests import tables
 
 
 def _reached():
@@ -45,14 +45,15 @@ def _reached():
     a.add_request("d", [7])
     a.allocate("d", 1)
     abst = a.abstract()
-    return a, launch, abst.pool, {t.holder: t for t in abst.tables}
+    return a, launch, abst.pool, abst.requests
 
 
-A, LAUNCH, S, TABLES = _reached()
-B0, B1, B2 = TABLES["a"].entries
+A, LAUNCH, S, REQ = _reached()
+TABLES = tables(REQ)
+B0, B1, B2 = TABLES["a"][0]
 CACHED_B = next(b for b in range(7) if S.state[b] == CACHED)
 FREE_B = next(b for b in range(7) if S.state[b] == FREE)
-ALLOC_B = TABLES["d"].entries[0]
+ALLOC_B = TABLES["d"][0][0]
 H0 = S.hash[B0]
 
 
@@ -67,8 +68,8 @@ def st(s, **fields):
     return s.replace(**out)
 
 
-def names(s, tables=None):
-    return {n for n, _ in violations(s, tables if tables is not None else TABLES.values())}
+def names(s, requests=None):
+    return {n for n, _ in violations(s, requests if requests is not None else REQ.replace(pool=s))}
 
 
 def test_the_reached_state_is_clean():
@@ -76,7 +77,7 @@ def test_the_reached_state_is_clean():
     assert S.wpend[B2] == 1
     in_flight = [L for L in launch_ids(S) if S.inflight[L]]
     assert in_flight and S.clock[WATERMARK] <= min(in_flight) < S.clock[ISSUED]
-    assert S.state[ALLOC_B] == ALLOCATED and TABLES["d"].computed == 0
+    assert S.state[ALLOC_B] == ALLOCATED and TABLES["d"][2] == 0
     assert names(S) == set()
 
 
@@ -122,10 +123,8 @@ CASES = {
     "filled >= 0": (lambda: st(S, filled=[(B2, -1)]), "exclusive_writes"),
     "filled <= B": (lambda: st(S, filled=[(B2, 3)]), "exclusive_writes"),
     "FREE blocks are empty": (lambda: st(S, filled=[(FREE_B, 1)]), "exclusive_writes"),
-    "only exclusive PUBLISHED blocks are written": (
+    "a write is pending only on PUBLISHED or RECLAIMED blocks": (
         lambda: st(S, wpend=[(B0, 1)]), "exclusive_writes"),
-    "a written PUBLISHED block has ref 1": (
-        lambda: st(S, ref=[(B2, 2)]), "exclusive_writes"),
     "nheld counts what is held": (
         lambda: st(S, nheld=[("a", 4)]), "holders_consistent"),
     "dead holders hold nothing": (
@@ -142,33 +141,52 @@ def test_each_conjunct_catches_its_corruption(case):
     assert inv in names(make()), case
 
 
-def _t(holder="a", **kw):
-    t = TABLES[holder]
-    fields = dict(holder=t.holder, entries=t.entries, reserved=t.reserved,
-                  computed=t.computed, chain=t.chain)
-    fields.update(kw)
-    return TableView(**fields)
+def _r(**fields):
+    """The reached request state with entries overwritten: field=[(key, value), ...], or
+    (key, inner key, value) for the per-request arrays of arrays."""
+    out = {}
+    for f, writes in fields.items():
+        arr = getattr(REQ, f)
+        for w in writes:
+            if len(w) == 3:
+                arr = CONCRETE.store(arr, w[0], CONCRETE.store(arr[w[0]], w[1], w[2]))
+            else:
+                arr = CONCRETE.store(arr, w[0], w[1])
+        out[f] = arr
+    return REQ.replace(**out)
 
 
 TABLE_CASES = {
-    "covers reserved": (_t(reserved=7), "table_covers_reserved"),
-    "no spare block": (_t(reserved=4, computed=4), "table_covers_reserved"),
-    "computed >= 0": (_t(computed=-1), "table_covers_reserved"),
-    "computed <= reserved": (_t(computed=7), "table_covers_reserved"),
-    "holder alive": (TableView("zz", (), 0, 0, ()), "table_distinct_and_held"),
-    "entry count = nheld": (_t(entries=(B0, B1), reserved=4, computed=4),
-                            "table_distinct_and_held"),
-    "entries distinct": (_t(entries=(B0, B0, B1)), "table_distinct_and_held"),
-    "entries held": (_t(entries=(B0, B1, FREE_B)), "table_distinct_and_held"),
-    "own chain hash": (_t(chain=(H0 + 1,) + tuple(TABLES["a"].chain[1:])), "table_isolation"),
+    "covers reserved": (_r(reserved_q=[("a", 3)], reserved_o=[("a", 1)]),
+                        "table_covers_reserved"),
+    "no spare block": (_r(reserved_q=[("a", 2)], reserved_o=[("a", 0)],
+                          issued_q=[("a", 2)], issued_o=[("a", 0)],
+                          computed_q=[("a", 2)], computed_o=[("a", 0)]),
+                       "table_covers_reserved"),
+    "computed <= issued": (_r(computed_q=[("a", 3)]), "table_covers_reserved"),
+    "computed <= known": (_r(known_q=[("a", 1)], known_o=[("a", 0)]),
+                          "table_covers_reserved"),
+    "entry count = nheld": (_r(tlen=[("d", 2)], reserved_q=[("d", 1)], reserved_o=[("d", 1)]),
+                            "table_covers_reserved"),
+    "offset below B": (_r(issued_o=[("a", 2)]), "table_covers_reserved"),
+    "entries distinct": (_r(tab=[("a", 2, B0)]), "table_entries_held"),
+    "entries held": (_r(tab=[("a", 2, FREE_B)]), "table_entries_held"),
+    "held blocks are entries": (_r(slot=[("a", B2, 0)]), "table_holds_are_entries"),
+    "written slots = issued": (_r(issued_q=[("a", 2)], issued_o=[("a", 1)]),
+                               "table_positions_written"),
+    "own chain hash": (_r(chain=[("a", 0, H0 + 1)]), "table_isolation"),
+    "hashed within known": (_r(known_q=[("a", 0)], known_o=[("a", 1)],
+                               computed_q=[("a", 0)], computed_o=[("a", 0)]), "table_isolation"),
+    "sealed content matches": (_r(content=[(B0, H0 + 1)]), "sealed_blocks"),
+    "no seal on a FREE block": (_r(content=[(FREE_B, H0)]), "sealed_blocks"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(TABLE_CASES))
 def test_each_table_conjunct_catches_its_corruption(case):
-    table, inv = TABLE_CASES[case]
-    assert inv in names(S, [table]), case
-    assert names(S, [TABLES[table.holder]] if table.holder in TABLES else []) == set()
+    req, inv = TABLE_CASES[case]
+    assert inv in names(S, req), case
+    assert names(S, REQ) == set()
 
 
 def test_teardown_launch():

@@ -319,7 +319,7 @@ def test_the_report_counts_the_other_violations():
     b = a.block_table("r")[0]
     a.pool.ref[b] += 1  # a ref-count bug as well
     ab = a.abstract()
-    n = len(violations(ab.pool, ab.tables)) + len(a.pool.structure_errors()) + 1
+    n = len(violations(ab.pool, ab.requests)) + len(a.pool.structure_errors()) + 1
     assert n >= 2
     with pytest.raises(InvariantViolation) as err:
         a.check_invariants()
