@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from pagedkv.spec import INVARIANTS, spec_digest
+from pagedkv.spec import INVARIANTS, REQUEST_INVARIANTS, spec_digest
 
 FULL_STEPS = 100_000
 QUICK_STEPS = 8_000
@@ -184,7 +184,7 @@ def _kills_per_invariant(path: Path) -> dict[str, int]:
     mutants = json.loads(path.read_text()).get("mutants", [])
     killers = [m.get("killer") or "" for m in mutants if m.get("status") in ("killed", "timeout")]
     return {name: sum(re.search(rf"\b{name}\b", k) is not None for k in killers)
-            for name in INVARIANTS}
+            for name in {**INVARIANTS, **REQUEST_INVARIANTS}}
 
 
 # ---- the report ----------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def build_rows(parts: dict[str, dict]) -> list[dict[str, str]]:
         good = sum(s.startswith(("confirmed", "allowlisted")) for s in conds)
         ch_status = f"{good}/{len(conds)} confirmed"
     rows = []
-    for name, inv in INVARIANTS.items():
+    for name, inv in {**INVARIANTS, **REQUEST_INVARIANTS}.items():
         entry = (proofs.get("invariants") or {}).get(name, {})
         canaries = _mentions(parts.get("canaries", {}), "canaries", name)
         mutation = parts.get("mutation", {})
@@ -278,6 +278,10 @@ def render_summary(parts: dict[str, dict]) -> str:
             f"{t.get('safety_proved')}/{t.get('safety_claims')} safety claims; reachable "
             f"states {t.get('reachable_states')}; BMC clean to depth {t.get('bmc_depth')}"
         )
+        lines.append(
+            f"z3, request layer: {t.get('request_proved')}/{t.get('request_obligations')} "
+            f"table-invariant obligations proved (unbounded); {t.get('request_walk_steps', 0):,} "
+            "random-walk steps through the request transitions")
     for name, prop in (p.get("safety") or {}).items():
         lines.append(f"  safety: {name}: {prop.get('result')}")
     for layer, e in (p.get("exploration") or {}).items():

@@ -98,3 +98,34 @@ def test_spec_evaluates_on_z3_terms():
             assert z3.is_bool(inv.pred(ops, s, b if inv.scope != "holder" else r)), inv.name
         elif inv.scope == "pool":
             assert z3.is_bool(inv.pred(ops, s)), inv.name
+
+
+# Concrete-only helpers of the request layer (they build or read plain states, never terms),
+# and ``run_steps``, whose one conditional tests a Python constant (``when is True``: a step
+# that always runs), not a term.
+_CONCRETE_HELPERS = {"split", "count", "table_of", "request_state", "tables", "summary",
+                     "initial_request_state", "request_step", "run_steps", "_passthrough"}
+
+
+def _request_functions():
+    from pagedkv.spec import request_invariants, requests
+
+    funcs = {}
+    for module in (requests, request_invariants):
+        for name, obj in vars(module).items():
+            if (inspect.isfunction(obj) and obj.__module__ == module.__name__
+                    and name not in _CONCRETE_HELPERS):
+                funcs[f"{module.__name__}.{name}"] = obj
+    return funcs
+
+
+@pytest.mark.parametrize("name", sorted(_request_functions()))
+def test_request_layer_function_uses_only_ops(name):
+    assert lint(_request_functions()[name]) == []
+
+
+def test_run_steps_is_the_only_exempt_term_function():
+    from pagedkv.spec import requests
+
+    problems = lint(requests.run_steps)
+    assert problems and all("conditional" in p or "'in'/'is'" in p for p in problems)
