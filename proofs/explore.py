@@ -64,12 +64,13 @@ from pagedkv.spec.model import ARRAY_FIELDS, BLOCK_FIELDS, PoolState, initial_st
 from pagedkv.spec.ops import CONCRETE, Arr, Overlay, flatten
 from pagedkv.spec.requests import (
     HOLDER_FIELDS,
-    NO_SLOT,
+    POSITIONS,
     REQUEST_PARAM_KINDS,
     REQUEST_TRANSITIONS,
     RequestState,
     RequestTransition,
     initial_request_state,
+    request_state,
 )
 from pagedkv.spec.states import ALL_STATES, FREE, ISSUED, NO_BLOCK, NO_HASH, WATERMARK, state_name
 from pagedkv.spec.transitions import Transition
@@ -325,19 +326,15 @@ class RequestCodec:
 
     def state(self, pool: PoolState, key: RequestKey) -> RequestState:
         per, content = key
-        s = initial_request_state(pool)
-        fields: dict[str, Any] = {}
-        fields["tlen"] = Arr(0, {r: len(tab) for r, (tab, _, _) in enumerate(per)})
-        fields["tab"] = Arr(Arr(-1), {r: Arr(-1, dict(enumerate(tab)))
-                                      for r, (tab, _, _) in enumerate(per)})
-        fields["slot"] = Arr(Arr(NO_SLOT), {r: Arr(NO_SLOT, {b: i for i, b in enumerate(tab)})
-                                           for r, (tab, _, _) in enumerate(per)})
-        for k, f in enumerate(HOLDER_FIELDS[1:]):
-            fields[f] = Arr(0, {r: pos[k] for r, (_, pos, _) in enumerate(per)})
-        fields["chain"] = Arr(Arr(NO_HASH), {r: Arr(NO_HASH, dict(enumerate(ch)))
-                                             for r, (_, _, ch) in enumerate(per)})
-        fields["content"] = Arr(NO_HASH, dict(enumerate(content)))
-        return s.replace(**fields)
+        B = pool.block_size
+        names = HOLDER_FIELDS[1:]
+        reqs = []
+        for r, (tab, pos, chain) in enumerate(per):
+            got = dict(zip(names, pos, strict=True))
+            counts = {n: got[f"{n}_q"] * B + got[f"{n}_o"] for n in POSITIONS}
+            reqs.append((r, tab, counts, chain))
+        return request_state(pool, B, reqs, {b: c for b, c in enumerate(content)
+                                             if c != NO_HASH})
 
     def within(self, s: RequestState, cfg: ExploreConfig) -> bool:
         return all(s.known_q[r] * cfg.block_size + s.known_o[r] <= cfg.max_tokens

@@ -81,11 +81,6 @@ def initial_request_state(pool: PoolState) -> RequestState:
     )
 
 
-def split(n: int, block_size: int) -> tuple[int, int]:
-    """A concrete position count as (full blocks, offset)."""
-    return divmod(n, block_size)
-
-
 def count(s: RequestState, name: str, r: Any) -> int:
     """Concrete: a position of r (``reserved``, ``issued``, ``computed``, ``known``) as a count."""
     q, o = s.position(name, r)

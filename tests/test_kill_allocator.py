@@ -13,6 +13,7 @@ from pagedkv.allocator import (
 )
 from pagedkv.allocator.hashing import chain_hashes
 from pagedkv.spec import CACHED, FREE, states_equal
+from pagedkv.spec.requests import summary
 
 
 def step(a, rid, n):
@@ -24,7 +25,7 @@ def step(a, rid, n):
 
 def snap(a):
     ab = a.abstract()
-    return ab.pool, ab.tables
+    return ab.pool, summary(ab.requests)
 
 
 def unchanged(a, before):

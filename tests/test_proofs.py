@@ -122,9 +122,11 @@ def test_exploration_small_config_is_clean_and_fires_everything():
     assert r.normalization["ok"] and not r.normalization["failed"]
     assert r.checked["launch_window"] == r.states
     req = explore(ExploreConfig(blocks=2, holders=2, block_size=2, max_inflight=1,
-                                max_window=2, layer="request"))
-    assert req.ok and req.checked["table_isolation"] == req.states
-    assert req.fired["copy"] > 0 and req.fired["rewind"] > 0 and req.fired["complete"] > 0
+                                max_window=2, layer="request", max_tokens=3, hashes=(1,),
+                                max_depth=6))
+    assert req.ok and req.frontier > 0 and req.checked["launch_window"] == req.states
+    assert req.fired["write_block"] > 0 and req.fired["truncate_tail"] > 0
+    assert req.fired["fork_share"] > 0 and req.fired["complete"] > 0
 
 
 def test_explorer_step_matches_spec_step():
@@ -316,6 +318,7 @@ def test_run_all_reports_failures_and_is_json():
     rep = run_all(
         transitions=trans, parallel=False,
         explore_cfgs=[SMALL], bmc_cfg=BMCConfig(blocks=2, holders=2, max_depth=2, budget_s=5),
+        request_layer=False,
     )
     assert not rep.ok
     assert rep.invariants["ref_matches_holders"]["status"] == "counterexample"

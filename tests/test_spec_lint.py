@@ -103,7 +103,7 @@ def test_spec_evaluates_on_z3_terms():
 # Concrete-only helpers of the request layer (they build or read plain states, never terms),
 # and ``run_steps``, whose one conditional tests a Python constant (``when is True``: a step
 # that always runs), not a term.
-_CONCRETE_HELPERS = {"split", "count", "table_of", "request_state", "tables", "summary",
+_CONCRETE_HELPERS = {"count", "table_of", "request_state", "tables", "summary",
                      "initial_request_state", "request_step", "run_steps", "_passthrough"}
 
 
