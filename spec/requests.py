@@ -35,7 +35,7 @@ from .model import ARRAY_FIELDS as POOL_FIELDS
 from .model import PoolState
 from .ops import Arr, flatten
 from .states import ALLOCATED, ISSUED, NO_HASH, PUBLISHED, REFERENCED
-from .transitions import TRANSITIONS
+from .transitions import PARAM_KINDS, TRANSITIONS
 
 NO_SLOT = -1
 POSITIONS = ("reserved", "issued", "computed", "known")
@@ -492,8 +492,8 @@ def _evict(ops: Any, s: RequestState, b: Any) -> Plan:
         pool=pool, content=_set(ops, s.content, b, NO_HASH))
 
 
-REQUEST_PARAM_KINDS = {"r": "holder", "p": "holder", "b": "block", "d": "block", "k": "slots",
-                       "h": "hash", "L": "launch"}
+# The pool's parameter kinds, plus a fork's parent and a copy's destination.
+REQUEST_PARAM_KINDS = {**PARAM_KINDS, "p": "holder", "d": "block"}
 
 REQUEST_TRANSITIONS: dict[str, RequestTransition] = {
     t.name: t
