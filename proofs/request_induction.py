@@ -86,7 +86,7 @@ def symbolic_request_state(tag: str) -> RequestState:
     return RequestState(pool=pool, **fields)
 
 
-def _sum_free(invariants: Mapping[str, Invariant]) -> dict[str, Invariant]:
+def sum_free_invariants(invariants: Mapping[str, Invariant]) -> dict[str, Invariant]:
     """The pool invariants whose predicate has no pool-wide sum (tried on a symbolic state)."""
     s = symbolic_state("probe_")
     out = {}
@@ -216,7 +216,7 @@ def prove_all(
     pool_invariants: Mapping[str, Invariant] = INVARIANTS,
     timeout_ms: int = 60_000,
 ) -> list[RequestObligation]:
-    pool_invs = _sum_free(pool_invariants)
+    pool_invs = sum_free_invariants(pool_invariants)
     out = [RequestObligation("<lemmas from ref_matches_holders>", "-", prove_lemmas(), 0.0)]
     for inv in invariants.values():
         for t in transitions.values():

@@ -9,7 +9,7 @@ from pagedkv.proofs.explore import ExploreConfig, explore, walk_requests
 from pagedkv.proofs.request_induction import (
     COUNTEREXAMPLE,
     PROVED,
-    _sum_free,
+    sum_free_invariants,
     prove_lemmas,
     prove_one,
 )
@@ -27,7 +27,7 @@ from pagedkv.spec import (
 from pagedkv.spec.model import initial_state
 from pagedkv.spec.requests import NO_HASH, RequestTransition, count, table_of
 
-POOL_INVS = _sum_free(INVARIANTS)
+POOL_INVS = sum_free_invariants(INVARIANTS)
 
 
 class Run:
