@@ -9,9 +9,9 @@ from pagedkv.proofs.explore import ExploreConfig, explore, walk_requests
 from pagedkv.proofs.request_induction import (
     COUNTEREXAMPLE,
     PROVED,
-    sum_free_invariants,
     prove_lemmas,
     prove_one,
+    sum_free_invariants,
 )
 from pagedkv.spec import (
     FREE,
