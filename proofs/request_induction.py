@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import z3
@@ -46,25 +45,12 @@ from pagedkv.spec.requests import (
 )
 from pagedkv.spec.states import ISSUED, WATERMARK
 
+from .induction import COUNTEREXAMPLE, PROVED, UNKNOWN, Obligation
 from .z3_model import symbolic_state
 
-PROVED, COUNTEREXAMPLE, UNKNOWN = "proved", "counterexample", "unknown"
+SYMBOLIC = "symbolic"
 _II = z3.ArraySort(z3.IntSort(), z3.IntSort())
 _IAI = z3.ArraySort(z3.IntSort(), _II)
-
-
-@dataclass
-class RequestObligation:
-    invariant: str
-    transition: str
-    result: str
-    time_s: float
-    detail: str = ""
-    counterexample: dict[str, Any] | None = None
-    text: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class _NoSums(Z3Ops):
@@ -184,7 +170,7 @@ def _hypotheses(s: RequestState, params: Mapping[str, Any], goal: tuple[Any, ...
 
 
 def prove_one(inv: Invariant, t: RequestTransition, pool_invs: Mapping[str, Invariant],
-              timeout_ms: int = 60_000) -> RequestObligation:
+              timeout_ms: int = 60_000) -> Obligation:
     start = time.perf_counter()
     s = symbolic_request_state("pre_")
     params = {p: z3.Int(f"p_{p}") for p in t.params}
@@ -198,16 +184,17 @@ def prove_one(inv: Invariant, t: RequestTransition, pool_invs: Mapping[str, Inva
     r = sol.check()
     elapsed = time.perf_counter() - start
     if r == z3.unsat:
-        return RequestObligation(inv.name, t.name, PROVED, elapsed)
+        return Obligation(inv.name, t.name, SYMBOLIC, PROVED, elapsed)
     if r == z3.sat:
         m = sol.model()
         shown = {p: m.eval(v, model_completion=True) for p, v in params.items()}
         shown.update({f"goal{k}": m.eval(g, model_completion=True) for k, g in enumerate(goal)})
         where = ", ".join(f"{k}={v}" for k, v in shown.items())
-        return RequestObligation(inv.name, t.name, COUNTEREXAMPLE, elapsed, f"at {where}",
+        return Obligation(inv.name, t.name, SYMBOLIC, COUNTEREXAMPLE, elapsed, f"at {where}",
                                  {k: str(v) for k, v in shown.items()},
                                  f"counterexample: {inv.name} after {t.name}({where})")
-    return RequestObligation(inv.name, t.name, UNKNOWN, elapsed, str(sol.reason_unknown()))
+    return Obligation(inv.name, t.name, SYMBOLIC, UNKNOWN, elapsed,
+                      str(sol.reason_unknown()))
 
 
 def prove_all(
@@ -215,9 +202,9 @@ def prove_all(
     invariants: Mapping[str, Invariant] = REQUEST_INVARIANTS,
     pool_invariants: Mapping[str, Invariant] = INVARIANTS,
     timeout_ms: int = 60_000,
-) -> list[RequestObligation]:
+) -> list[Obligation]:
     pool_invs = sum_free_invariants(pool_invariants)
-    out = [RequestObligation("<lemmas from ref_matches_holders>", "-", prove_lemmas(), 0.0)]
+    out = [Obligation("<lemmas from ref_matches_holders>", "-", SYMBOLIC, prove_lemmas(), 0.0)]
     for inv in invariants.values():
         for t in transitions.values():
             out.append(prove_one(inv, t, pool_invs, timeout_ms))

@@ -15,13 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .invariants import ISOLATION, NO_UNWRITTEN_HIT, TABLE_SHAPE, Invariant
+from .invariants import ISOLATION, NO_UNWRITTEN_HIT, TABLE_SHAPE, Invariant, _in
 from .requests import RequestState, pos_le
 from .states import ALLOCATED, CACHED, NO_HASH, PUBLISHED, REFERENCED
-
-
-def _in(ops: Any, x: Any, *values: Any) -> Any:
-    return ops.Or(*[x == v for v in values])
 
 
 def _normal(ops: Any, s: RequestState, name: str, r: Any) -> Any:
