@@ -79,8 +79,6 @@ class _Request:
     issued: int = 0  # positions a launch has been issued to write
     published: int = 0  # leading table entries already published (later ones: ALLOCATED/hits)
     computed: int = 0  # positions committed (written by completed launches)
-    committed_blocks: int = 0  # leading full blocks already offered to the prefix cache
-    started: bool = False  # the first allocate() (which takes the prefix hits) has happened
 
 
 @dataclass(frozen=True)
@@ -290,17 +288,18 @@ class BlockAllocator:
         """Grow rid's table to cover ``num_tokens`` positions (spec: share for prefix hits on the
         first call, then allocate — evicting LRU cached blocks as needed). All or nothing.
 
-        The first call takes every prefix hit the cache has at that moment, whatever the first
-        chunk: the table then covers at least the hit positions (``num_computed(rid)``), so a
-        chunked prefill never recomputes cached KV. Completed launches are reclaimed only when
-        the call needs the blocks they release and goes ahead."""
+        A call on an empty table (the first) takes every prefix hit the cache has at that
+        moment, whatever the first chunk: the table then covers at least the hit positions
+        (``num_computed(rid)``), so a chunked prefill never recomputes cached KV. Completed
+        launches are reclaimed only when the call needs the blocks they release and goes
+        ahead. The spec's program of this call is ``spec.calls.allocate``."""
         req = self._req(rid)
         num_tokens = check_count(num_tokens, "num_tokens")
         if num_tokens < req.reserved:
             raise InvalidArgument(
                 f"request {rid!r} already covers {req.reserved} positions; tables only grow"
             )
-        hits = [] if req.started else self._hits(req)
+        hits = [] if req.table else self._hits(req)
         B = self.block_size
         reserved = max(num_tokens, len(hits) * B)
         need = blocks_needed(reserved, B) - len(req.table) - len(hits)
@@ -309,10 +308,8 @@ class BlockAllocator:
         for b in hits:
             pool.share(b, rid)
             req.table.append(b)
-        if not req.started:
-            req.started = True
+        if hits:
             req.computed = req.issued = len(hits) * self.block_size
-            req.committed_blocks = len(hits)
             self._prefix_hit_tokens += req.computed
         for _ in range(need):
             req.table.append(pool.take(rid))
@@ -348,7 +345,9 @@ class BlockAllocator:
                 f"token ids are known (append_tokens first)"
             )
         pool = self.pool
-        for i in range(req.computed // B, blocks_needed(num_tokens, B)):
+        # The blocks holding positions computed..num_tokens-1 (none for a commit of nothing).
+        first = req.computed // B
+        for i in range(first, blocks_needed(num_tokens, B) if num_tokens > req.computed else 0):
             b = req.table[i]
             upto = min(B, num_tokens - i * B)
             if pool.state[b] in (REFERENCED,):
@@ -358,14 +357,13 @@ class BlockAllocator:
                     f"block {b} (entry {i} of {rid!r}) has a writing launch still pending"
                 )
         full = num_tokens // B  # every committed token is known, so its block hash exists
-        req.computed = num_tokens
+        req.computed = num_tokens  # the full blocks this commit completes: first..full-1
         if not self.prefix_caching:
             return
-        for i in range(req.committed_blocks, full):
+        for i in range(first, full):
             b, h = req.table[i], req.hashes[i]
             if pool.state[b] == PUBLISHED and pool.lookup(h) is None:
                 pool.commit(b, rid, h)
-        req.committed_blocks = max(req.committed_blocks, full)
 
     @_locked
     def truncate(self, rid: Hashable, num_tokens: int) -> list[int]:
@@ -377,10 +375,14 @@ class BlockAllocator:
         Committed positions stay (``CommitError`` below ``num_computed``). A kept partial
         block must be this request's alone and its writes complete, so that its dropped
         slots can be rewound (``CommitError`` saying which condition failed otherwise);
-        released blocks may still be in flight. All or nothing; returns the table."""
+        released blocks may still be in flight. At least one position is kept (``free`` drops
+        a request). All or nothing; returns the table (spec: ``spec.calls.truncate``)."""
         req = self._req(rid)
         num_tokens = check_count(num_tokens, "num_tokens")
         B, pool = self.block_size, self.pool
+        if num_tokens < 1:
+            raise InvalidArgument(
+                f"truncate keeps at least one position of {rid!r}; free drops a request")
         if num_tokens > req.reserved:
             raise InvalidArgument(
                 f"{rid!r} covers {req.reserved} positions; cannot truncate to {num_tokens}"
@@ -449,8 +451,7 @@ class BlockAllocator:
                 pool.share(b, child)
         c = _Request(
             child, list(p.tokens), p.salt, p.extra_keys, list(p.hashes),
-            table, p.reserved, p.issued, p.published, p.computed, p.committed_blocks,
-            p.started,
+            table, p.reserved, p.issued, p.published, p.computed,
         )
         self._requests[child] = c
         self._reserved_total += c.reserved

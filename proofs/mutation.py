@@ -119,9 +119,6 @@ _STRICT = ("every caller passes exactly t.params positionally (a wrong arity is 
            "at the method call), so zip never sees unequal lengths")
 _PREV_INIT = ("only _prev[0..n] is ever read; the mutant appends unread entries after the "
               "sentinel's slot, which still holds n - 1")
-_COMMITTED = ("committed_blocks only starts commit's registration loop (truncate only lowers "
-              "it, a fork copies it): left at 0, that loop also visits the prefix hits, which "
-              "this request shares, so they stay REFERENCED and are skipped")
 _FAST_COUNT = ("fast-path check: a value this lets through goes to check_count, which repeats "
                "the full check against the same bounds (bounds included) and returns the same "
                "int; only the fast path is skipped")
@@ -183,11 +180,9 @@ EQUIVALENT: dict[str, str] = {
     "is the spec's NO_HASH -> return int.from_bytes(digest, \"big\") or 0  # 0 is the spec's "
     "NO_HASH":
         "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
-    "allocator/allocator.py:allocate:delete-stmt:req.committed_blocks = len(hits) -> pass":
-        _COMMITTED,
     "allocator/allocator.py:commit:drop-and-clause:if pool.state[b] == PUBLISHED and "
     "pool.lookup(h) is None: -> if True and pool.lookup(h) is None:":
-        "a table entry in [committed_blocks, full) is PUBLISHED or REFERENCED under its own "
+        "a table entry in [first, full) is PUBLISHED or REFERENCED under its own "
         "chain hash (committed, hit or forked), so lookup(h) is None only for PUBLISHED ones",
     **{f"allocator/allocator.py:fork:bool:{a}strict=True){b} -> {a}strict=False){b}":
        "fresh is built from p.table just above: the zipped sequences have equal lengths"

@@ -21,12 +21,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pagedkv.allocator import (
     AllocatorError,
     BlockAllocator,
-    CommitError,
     DoubleFree,
     DuplicateRequest,
     GuardViolation,
     InvalidArgument,
-    OutOfBlocks,
     PendingAccess,
     PublishError,
     UnknownRequest,
@@ -49,7 +47,10 @@ from pagedkv.spec import (
     step,
     violations,
 )
-from pagedkv.spec.requests import summary, tables
+from pagedkv.spec.calls import CallRefused, run_call
+from pagedkv.spec.requests import count, summary, tables
+
+from .call_refinement import CallModel
 
 RIDS = ("r0", "r1", "r2", "r3", "r4")
 LIVE = "__live__:"  # CAMPAIGN key prefix: live instances of each invariant (sampled steps)
@@ -79,15 +80,11 @@ class FakeEvent:
 
 @dataclass
 class Expect:
-    """What the machine knows of a live request, independent of the allocator."""
+    """What the machine knows of a live request, independent of the allocator: its tokens
+    (the spec's programs take the chain values computed from them) and its launches."""
 
     tokens: list[int]
     salt: str | None
-    reserved: int = 0
-    issued: int = 0
-    computed: int = 0
-    started: bool = False
-    table_len: int = 0
     launches: list[Any] = field(default_factory=list)
 
 
@@ -110,6 +107,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.alloc.pool.trace = []
         self.B = block_size
         self.model = initial_state(num_blocks, block_size)
+        self.calls = CallModel(self.alloc)
         self.expect: dict[str, Expect] = {}
         self.launches: list[Any] = []
         self.events: dict[int, FakeEvent] = {}
@@ -118,8 +116,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert states_equal(initial.pool, self.model) == [], "initial state differs from spec"
         assert violations(initial.pool, initial.requests) == []
 
-    # ---- the refinement check -----------------------------------------------------------------
+    # ---- the refinement checks ----------------------------------------------------------------
     def _replay(self) -> None:
+        """Pool level: each recorded pool transition's guard holds in the machine's own pool
+        model, and the model ends where the allocator's pool is."""
         trace = self.alloc.pool.trace
         for name, params in trace:
             if name == "open_holder":
@@ -137,19 +137,46 @@ class AllocatorMachine(RuleBasedStateMachine):
         diffs = states_equal(self.model, self.alloc.abstract().pool)
         assert not diffs, f"implementation and spec disagree: {diffs[:5]}"
 
+    def _call(self, call: str, args: tuple[Any, ...], do: Callable[[], Any],
+              error: type[BaseException] = AllocatorError) -> tuple[bool, Any]:
+        """Call level, both directions: ``do`` succeeds exactly when the program of ``call``
+        in ``spec.calls`` can run, and ends where it does; a refusal raises ``error`` and
+        changes nothing. Then the pool-level replay. Returns (succeeded, value or error)."""
+        before = self.alloc.abstract()
+        out = self.calls.check(call, args, do)
+        if isinstance(out, AllocatorError):
+            assert isinstance(out, error), f"{call}{args!r}: expected {error.__name__}: {out!r}"
+            self._unchanged(before, f"refused {call}")
+            return False, out
+        self._replay()
+        return True, out
+
+    def _unchanged(self, before: Any, what: str) -> None:
+        assert self.alloc.pool.trace == [], f"{what} performed {self.alloc.pool.trace}"
+        after = self.alloc.abstract()
+        assert states_equal(before.pool, after.pool) == [], f"{what} changed the pool"
+        assert summary(before.requests) == summary(after.requests), f"{what} changed a request"
+
     def _refused(self, call, error: type[BaseException] = AllocatorError) -> BaseException:
-        """The call must raise ``error`` and change nothing."""
+        """A call outside the request programs (a direct pool call, a bad argument) must
+        raise ``error`` and change nothing."""
         before = self.alloc.abstract()
         try:
             call()
         except error as exc:
-            assert self.alloc.pool.trace == [], f"refused call performed {self.alloc.pool.trace}"
-            after = self.alloc.abstract()
-            assert states_equal(before.pool, after.pool) == [], "refused call changed the pool"
-            assert summary(before.requests) == summary(after.requests), (
-                "refused call changed a request")
+            self._unchanged(before, "refused call")
             return exc
         raise AssertionError(f"expected {error.__name__}")
+
+    def _pos(self, rid: str, name: str) -> int:
+        """A position of rid (reserved, issued, computed, known) in the spec's state."""
+        return count(self.calls.state, name, rid)
+
+    def _table_len(self, rid: str) -> int:
+        return self.calls.state.tlen[rid]
+
+    def _chain(self, e: Expect) -> list[int]:
+        return chain_hashes(e.tokens, self.B, salt=e.salt)
 
     def _past_watermark(self, b: int) -> bool:
         """Every launch that may have read b's content has completed (spec: its retire clock
@@ -157,30 +184,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         return self.model.retire[b] <= self.model.clock[WATERMARK]
 
     def _usable(self) -> int:
+        """What ``stats()['allocatable_now']`` must say: FREE and idle CACHED blocks."""
         m = self.model
         cached_idle = sum(
             1 for b in m.block_ids if m.state[b] == CACHED and self._past_watermark(b)
         )
         return m.count[FREE] + cached_idle
-
-    def _revived(self, hits: list[int]) -> int:
-        """Hits that take a block allocations could otherwise use (idle CACHED ones)."""
-        return sum(1 for b in hits
-                   if self.model.state[b] == CACHED and self._past_watermark(b))
-
-    def _hits(self, e: Expect) -> list[int]:
-        """The prefix hits the first allocate takes: all of them, whatever the first chunk."""
-        if not self.alloc.prefix_caching:
-            return []
-        limit = len(e.tokens) - 1
-        hashes = chain_hashes(e.tokens[: max(0, limit)], self.B, salt=e.salt)
-        out = []
-        for h in hashes:
-            b = self.model.hmap[h]
-            if b < 0:
-                break
-            out.append(b)
-        return out
 
     # ---- request rules ------------------------------------------------------------------------
     @precondition(lambda self: self.alloc is not None and len(self.expect) < len(RIDS))
@@ -200,125 +209,123 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _add(self, rid: str, shared: int, tail: list[int], salt: str | None) -> None:
         tokens = SHARED_PREFIX[:shared] + tail or [0]
-        if rid in self.expect:
-            self._refused(lambda: self.alloc.add_request(rid, tokens), DuplicateRequest)
+        e = Expect(tokens, salt)
+        ok, cached = self._call(
+            "add_request", (rid, len(tokens), self._chain(e)),
+            lambda: self.alloc.add_request(rid, tokens, cache_salt=salt), DuplicateRequest)
+        if not ok:
             _event("add_request: duplicate refused")
             return
-        e = Expect(tokens, salt)
-        cached = self.alloc.add_request(rid, tokens, cache_salt=salt)
-        assert cached == len(self._hits(e)) * self.B
+        assert cached == self.calls.last.result, "cached prefix differs from the spec's hits"
         assert cached < len(tokens)
         _event("add_request: ok" + (" with cached prefix" if cached else ""))
         self.expect[rid] = e
-        self._replay()
+
+    def _allocate(self, rid: str, n: int, label: str) -> bool:
+        before = self.alloc.block_table(rid)
+        empty = not before
+        ok, table = self._call("allocate", (rid, n), lambda: self.alloc.allocate(rid, n))
+        if not ok:
+            _event(f"{label}: OutOfBlocks")
+            return False
+        assert table[: len(before)] == before, "growth must only append"
+        hits = empty and self._pos(rid, "computed") > 0
+        _event(f"{label}: ok" + (" with prefix hits" if hits else "")
+               + (" (first chunk smaller than the hits)" if n < self._pos(rid, "reserved")
+                  else ""))
+        return True
 
     @precondition(lambda self: self.alloc is not None and self.expect)
     @rule(data=st.data())
     def allocate(self, data):
         rid = data.draw(st.sampled_from(sorted(self.expect)))
-        e = self.expect[rid]
-        n = e.reserved + data.draw(st.integers(0, 3 * self.B))
-        before = self.alloc.block_table(rid)
-        hits = [] if e.started else self._hits(e)
-        asked, n = n, max(n, len(hits) * self.B)  # a first chunk smaller than the hits
-        need = blocks_needed(n, self.B) - e.table_len - len(hits)
-        revived = self._revived(hits)
-        # Events only turn done in event_fires, which reclaims at once: the spec's room is
-        # exactly what the allocator can take.
-        if need > self._usable() - revived:
-            self._refused(lambda: self.alloc.allocate(rid, asked), OutOfBlocks)
-            _event("allocate: OutOfBlocks")
-            return
-        table = self.alloc.allocate(rid, asked)
-        self._replay()
-        self._sync_launches()
-        assert table[: len(before)] == before, "growth must only append"
-        assert len(table) == blocks_needed(n, self.B)
-        assert table[len(before) : len(before) + len(hits)] == hits
-        if not e.started:
-            e.started = True
-            e.computed = e.issued = len(hits) * self.B
-        e.reserved, e.table_len = n, len(table)
-        assert self.alloc.num_computed(rid) == e.computed
-        _event("allocate: ok" + (" with prefix hits" if hits else "")
-               + (" (first chunk smaller than the hits)" if asked < n else ""))
+        self._allocate(rid, self._pos(rid, "reserved") + data.draw(st.integers(0, 3 * self.B)),
+                       "allocate")
 
     def shrink_refused(self, data):
-        rid = data.draw(st.sampled_from(sorted(r for r, e in self.expect.items() if e.reserved)))
-        e = self.expect[rid]
-        self._refused(lambda: self.alloc.allocate(rid, e.reserved - 1), InvalidArgument)
+        rid = data.draw(st.sampled_from(sorted(
+            r for r in self.expect if self._pos(r, "reserved"))))
+        n = self._pos(rid, "reserved") - 1
+        self._call("allocate", (rid, n), lambda: self.alloc.allocate(rid, n), InvalidArgument)
         _event("shrink refused")
+
+    def _append(self, rid: str, extra: list[int]) -> None:
+        e = self.expect[rid]
+        tokens = e.tokens + extra
+        ok, _ = self._call("append_tokens", (rid, len(tokens), chain_hashes(
+            tokens, self.B, salt=e.salt)), lambda: self.alloc.append_tokens(rid, extra))
+        assert ok
+        e.tokens = tokens
 
     @precondition(lambda self: self.alloc is not None and self.expect)
     @rule(data=st.data(), extra=st.lists(st.integers(0, 3), min_size=1, max_size=4))
     def append_tokens(self, data, extra):
-        rid = data.draw(st.sampled_from(sorted(self.expect)))
-        self.alloc.append_tokens(rid, extra)
-        self.expect[rid].tokens += extra
-        self._replay()
+        self._append(data.draw(st.sampled_from(sorted(self.expect))), extra)
 
-    @precondition(lambda self: self.alloc is not None and any(
-        e.reserved > max(e.computed, 1) for e in self.expect.values()))
+    def _truncatable(self) -> list[str]:
+        return sorted(r for r in self.expect
+                      if self._pos(r, "reserved") > max(self._pos(r, "computed"), 1))
+
+    @precondition(lambda self: self.alloc is not None and self._truncatable())
     @rule(data=st.data())
     def truncate(self, data):
         """Speculative decoding: drop rejected lookahead positions (spec: release, rewind)."""
-        rid = data.draw(st.sampled_from(sorted(
-            r for r, e in self.expect.items() if e.reserved > max(e.computed, 1))))
-        e = self.expect[rid]
-        n = data.draw(st.integers(max(e.computed, 1), e.reserved))
+        rid = data.draw(st.sampled_from(self._truncatable()))
+        n = data.draw(st.integers(self._pos(rid, "computed") - 1, self._pos(rid, "reserved")))
         table = self.alloc.block_table(rid)
-        keep = blocks_needed(n, self.B)
-        k = n - (keep - 1) * self.B
-        tail = table[keep - 1] if n % self.B and n < e.issued else None
-        if tail is not None and self.model.filled[tail] > k and step(
-                self.model, "rewind", b=tail, r=rid, k=k) is None:
-            self._refused(lambda: self.alloc.truncate(rid, n), CommitError)
-            _event("truncate: refused (kept block shared or being written)")
+        keep = blocks_needed(max(n, 0), self.B)
+        rewound = 0 < keep and self.model.filled[table[keep - 1]] > n - (keep - 1) * self.B
+        ok, out = self._call("truncate", (rid, n), lambda: self.alloc.truncate(rid, n))
+        if not ok:
+            _event("truncate: refused" + (" (below computed or none kept)" if n < max(
+                1, self._pos(rid, "computed")) else " (kept block shared or being written)"))
             return
-        out = self.alloc.truncate(rid, n)
-        self._replay()
-        assert out == table[:keep]
-        e.reserved, e.issued, e.table_len = n, min(e.issued, n), keep
-        del e.tokens[n:]
-        _event("truncate: ok" + (" (rewound a kept block)" if tail is not None else ""))
+        assert out == table[: len(out)]
+        del self.expect[rid].tokens[n:]
+        _event("truncate: ok" + (" (rewound a kept block)" if rewound else ""))
 
     def publish_nothing_allocated(self, data):
-        empty = sorted(r for r, e in self.expect.items() if e.reserved == 0)
+        empty = sorted(r for r in self.expect if self._pos(r, "reserved") == 0)
         if empty:
             rid = data.draw(st.sampled_from(empty))
-            self._refused(lambda: self.alloc.publish([rid]), InvalidArgument)
+            self._call("publish", ([rid],), lambda: self.alloc.publish([rid]), InvalidArgument)
             _event("publish: refused (nothing allocated)")
 
-    @precondition(lambda self: any(e.reserved > 0 for e in self.expect.values()))
-    @rule(data=st.data())
-    def publish(self, data):
-        ready = sorted(r for r, e in self.expect.items() if e.reserved > 0)
-        rids = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True))
-        unknown = any(self.expect[r].reserved > len(self.expect[r].tokens) for r in rids)
-        try:
-            launch = self.alloc.publish(rids)
-        except OutOfBlocks:
-            self._replay()
-            return
-        self._replay()
-        self._sync_launches()
-        for k, r in enumerate(rids):
-            e = self.expect[r]
-            assert launch.seq_lens[k] == e.reserved
-            assert launch.query_lens[k] == e.reserved - e.issued
-            e.issued = e.reserved
-            e.launches.append(launch)
+    def _publish(self, rids: list[str], label: str) -> Any:
+        unknown = any(self._pos(r, "reserved") > self._pos(r, "known") for r in rids)
+        ok, launch = self._call("publish", (rids,), lambda: self.alloc.publish(rids))
+        if not ok:
+            _event(f"{label}: no room for copy-on-write")
+            return None
+        seq_lens, query_lens = self.calls.last.result
+        assert launch.seq_lens.tolist() == seq_lens
+        assert launch.query_lens.tolist() == query_lens
         assert len(launch.slot_mapping) == int(launch.query_lens.sum())
         assert (launch.slot_mapping >= 0).all()
         assert len(set(launch.slot_mapping.tolist())) == len(launch.slot_mapping)
         launch.check_current()
-        self.launches.append(launch)
-        _event("publish: ok" + (" with copy-on-write" if len(launch.copies) else "")
+        for r in rids:
+            self.expect[r].launches.append(launch)
+        _event(f"{label}: ok" + (" with copy-on-write" if len(launch.copies) else "")
                + (" (token ids not known yet)" if unknown else ""))
+        return launch
+
+    @precondition(lambda self: any(self._pos(r, "reserved") > 0 for r in self.expect))
+    @rule(data=st.data())
+    def publish(self, data):
+        ready = sorted(r for r in self.expect if self._pos(r, "reserved") > 0)
+        rids = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True))
+        launch = self._publish(rids, "publish")
+        if launch is not None:
+            self.launches.append(launch)
 
     def _sync_launches(self) -> None:
         """Launches the allocator completed itself (through recorded events at reclaim)."""
         self.launches = [launch for launch in self.launches if not launch.completed]
+
+    def _complete(self, launch: Any) -> None:
+        ok, _ = self._call("complete", (launch.seq, list(launch.writes)), launch.complete)
+        assert ok
 
     @precondition(lambda self: self.alloc is not None and self.launches)
     @rule(data=st.data(), late=st.booleans())
@@ -334,12 +341,11 @@ class AllocatorMachine(RuleBasedStateMachine):
             _event("complete_launch: event recorded (late)")
             return
         pending_before = len(self._reclaimed_pending())
-        launch.complete()
+        self._complete(launch)
         self.launches.remove(launch)
-        self._replay()
         if len(self._reclaimed_pending()) < pending_before:
             _event("complete_launch: recycled after late completion")
-        self._refused(launch.complete, AllocatorError)
+        self._call("complete", (launch.seq, list(launch.writes)), launch.complete)
         _event("complete_launch: now")
 
     @precondition(lambda self: self.alloc is not None and self.events)
@@ -348,39 +354,33 @@ class AllocatorMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(self.events)))
         self.events.pop(key).done = True
         self.fired["events"] += 1
+        done = [launch for launch in self.alloc.inflight if launch.event_done()]
         freed = self.alloc.reclaim()
         assert freed >= 0
+        state = self.calls.state
+        for launch in done:  # reclaim() is the completion of each launch whose event is done
+            state = run_call(state, "complete", launch.seq, list(launch.writes)).state
+        self.calls.expect_state(state, "reclaim()")
         _event("event_fires: " + ("recycled after late completion" if freed else "no recycle"))
         self._replay()
         self._sync_launches()
+
+    def _commit(self, rid: str, n: int, label: str) -> bool:
+        cached_before = self.model.count[REFERENCED]
+        ok, _ = self._call("commit", (rid, n), lambda: self.alloc.commit(rid, n))
+        if not ok:
+            _event(f"{label}: refused")
+            return False
+        grew = self.model.count[REFERENCED] > cached_before
+        _event(f"{label}: ok" + (" (blocks entered the cache)" if grew else ""))
+        return True
 
     @precondition(lambda self: self.alloc is not None and self.expect)
     @rule(data=st.data())
     def commit(self, data):
         rid = data.draw(st.sampled_from(sorted(self.expect)))
-        e = self.expect[rid]
-        n = data.draw(st.integers(max(0, e.computed - 1), e.reserved + 1))
-        if not self._commit_ok(rid, e, n):
-            self._refused(lambda: self.alloc.commit(rid, n), CommitError)
-            _event("commit: refused")
-            return
-        cached_before = self.model.count[REFERENCED]
-        self.alloc.commit(rid, n)
-        e.computed = n
-        self._replay()
-        grew = self.model.count[REFERENCED] > cached_before
-        _event("commit: ok" + (" (blocks entered the cache)" if grew else ""))
-
-    def _commit_ok(self, rid: str, e: Expect, n: int) -> bool:
-        if n < e.computed or n > e.issued or n > len(e.tokens):
-            return False
-        m, table = self.model, self.alloc.block_table(rid)
-        for i in range(e.computed // self.B, blocks_needed(n, self.B)):
-            b = table[i]
-            upto = min(self.B, n - i * self.B)
-            if m.state[b] != REFERENCED and not (m.filled[b] >= upto and m.wpend[b] == 0):
-                return False
-        return True
+        lo = max(0, self._pos(rid, "computed") - 1)
+        self._commit(rid, data.draw(st.integers(lo, self._pos(rid, "reserved") + 1)), "commit")
 
     @precondition(lambda self: self.alloc is not None and 0 < len(self.expect) < len(RIDS))
     @rule(data=st.data())
@@ -389,54 +389,36 @@ class AllocatorMachine(RuleBasedStateMachine):
         child = data.draw(st.sampled_from([r for r in RIDS if r not in self.expect]))
         self.fork_child(parent, child)
 
-    def _fork_allowed(self, parent: str, child: str) -> bool:
-        """The spec's answer: the child can share every written block of the parent (the
-        share guard, with the child's table open) and take a fresh one for each block never
-        handed to a kernel (ALLOCATED)."""
-        m = self.model
-        if self.expect[parent].issued > len(self.expect[parent].tokens):
-            return False  # KV of token ids nobody has seen is never shared
-        opened = step(m.replace(holder_ids=(*m.holder_ids, child)), "open_holder", r=child)
-        table = self.alloc.block_table(parent)
-        fresh = sum(1 for b in table if m.state[b] == ALLOCATED)
-        shared_ok = all(step(opened, "share", b=b, r=child) is not None
-                        for b in table if m.state[b] != ALLOCATED)
-        return shared_ok and fresh <= self._usable()
-
-    def fork_child(self, parent: str, child: str) -> None:
-        allowed = self._fork_allowed(parent, child)
-        try:
-            table = self.alloc.fork(parent, child)
-        except AllocatorError as exc:
-            assert not allowed, f"the spec allows fork({parent!r}, {child!r}); refused: {exc}"
-            self.alloc.pool.trace.clear()  # open/close of the child cancel out
-            self._replay()
+    def fork_child(self, parent: str, child: str) -> bool:
+        ok, _ = self._call("fork", (parent, child), lambda: self.alloc.fork(parent, child))
+        if not ok:
             assert child not in self.alloc.requests
             _event("fork: refused")
-            return
-        assert allowed, f"fork({parent!r}, {child!r}) succeeded where the spec refuses"
-        self._replay()
+            return False
         p = self.expect[parent]
-        self.expect[child] = Expect(
-            list(p.tokens), p.salt, p.reserved, p.issued, p.computed, p.started, len(table)
-        )
+        self.expect[child] = Expect(list(p.tokens), p.salt)
         _event("fork: ok")
+        return True
+
+    def _free(self, rid: str) -> None:
+        self.expect.pop(rid)
+        ok, _ = self._call("free", (rid,), lambda: self.alloc.free(rid))
+        assert ok
+        self._call("free", (rid,), lambda: self.alloc.free(rid), UnknownRequest)
 
     @precondition(lambda self: self.alloc is not None and self.expect)
     @rule(data=st.data(), readmit=st.booleans())
     def free(self, data, readmit: bool):
         """Finish a request, or preempt it (free + re-add, which re-hits the cached prefix)."""
         rid = data.draw(st.sampled_from(sorted(self.expect)))
-        e = self.expect.pop(rid)
-        self.alloc.free(rid)
-        self._replay()
-        self._refused(lambda: self.alloc.free(rid), UnknownRequest)
+        e = self.expect[rid]
+        self._free(rid)
         if readmit:
-            e2 = Expect(list(e.tokens), e.salt)
-            cached = self.alloc.add_request(rid, e.tokens, cache_salt=e.salt)
-            assert cached == len(self._hits(e2)) * self.B
-            self.expect[rid] = e2
-            self._replay()
+            ok, cached = self._call(
+                "add_request", (rid, len(e.tokens), self._chain(e)),
+                lambda: self.alloc.add_request(rid, e.tokens, cache_salt=e.salt))
+            assert ok and cached == self.calls.last.result
+            self.expect[rid] = Expect(list(e.tokens), e.salt)
             _event("free: preempted" + (", prefix re-hit" if cached else ""))
         else:
             _event("free: finished")
@@ -447,66 +429,37 @@ class AllocatorMachine(RuleBasedStateMachine):
         """One engine step for a request: cover its known tokens, launch, and usually complete,
         commit and sample a token. Steers toward commits, cache hits and copy-on-write."""
         rid = data.draw(st.sampled_from(sorted(self.expect)))
-        e = self.expect[rid]
-        if e.reserved > len(e.tokens):  # sample the tokens the allocated positions will hold
-            extra = data.draw(st.lists(st.integers(0, 3), min_size=e.reserved - len(e.tokens),
-                                       max_size=e.reserved - len(e.tokens)))
-            self.alloc.append_tokens(rid, extra)
-            e.tokens += extra
-        target = max(e.reserved, len(e.tokens))
-        if target > e.reserved:
-            hits = [] if e.started else self._hits(e)
-            target = max(target, len(hits) * self.B)
-            need = blocks_needed(target, self.B) - e.table_len - len(hits)
-            revived = self._revived(hits)
-            if need > self._usable() - revived:
+        missing = self._pos(rid, "reserved") - self._pos(rid, "known")
+        if missing > 0:  # sample the tokens the allocated positions will hold
+            self._append(rid, data.draw(st.lists(st.integers(0, 3), min_size=missing,
+                                                 max_size=missing)))
+        target = self._pos(rid, "known")
+        if target > self._pos(rid, "reserved") or not self._table_len(rid):
+            if isinstance(self.calls.allowed("allocate", rid, target), CallRefused):
                 _event("serve_step: no room")
                 return
-            self.allocate_exact(rid, target)
-        try:
-            launch = self.alloc.publish([rid])
-        except OutOfBlocks:
-            self._replay()
-            _event("serve_step: no room for copy-on-write")
+            assert self._allocate(rid, target, "serve_step allocate")
+        if self._pos(rid, "reserved") == 0:
             return
-        self._replay()
-        if len(launch.copies):
-            _event("serve_step: copy-on-write")
-        e.issued = e.reserved
+        launch = self._publish([rid], "serve_step")
+        if launch is None:
+            return
         if finish == "in flight":
             self.launches.append(launch)
             _event("serve_step: left in flight")
             return
-        launch.complete()
-        self._replay()
-        cached_before = self.model.count[REFERENCED]
-        if self._commit_ok(rid, e, e.issued):
-            self.alloc.commit(rid, e.issued)
-            e.computed = e.issued
-            self._replay()
-        token = data.draw(st.integers(0, 3))
-        self.alloc.append_tokens(rid, [token])
-        e.tokens.append(token)
-        _event("serve_step: served" + (
-            ", blocks entered the cache" if self.model.count[REFERENCED] > cached_before else ""))
-
-    def allocate_exact(self, rid: str, n: int) -> None:
-        e = self.expect[rid]
-        hits = [] if e.started else self._hits(e)
-        table = self.alloc.allocate(rid, n)
-        self._replay()
-        n = max(n, len(hits) * self.B)
-        assert len(table) == blocks_needed(n, self.B)
-        if not e.started:
-            e.started = True
-            e.computed = e.issued = len(hits) * self.B
-            if hits:
-                _event("serve_step: prefix hits taken")
-        e.reserved, e.table_len = n, len(table)
+        self._complete(launch)
+        if not isinstance(self.calls.allowed("commit", rid, self._pos(rid, "issued")),
+                          CallRefused):
+            self._commit(rid, self._pos(rid, "issued"), "serve_step commit")
+        self._append(rid, [data.draw(st.integers(0, 3))])
+        _event("serve_step: served")
 
     def _cow_candidates(self) -> list[str]:
-        return [r for r, e in self.expect.items()
-                if e.issued % self.B and e.issued == e.reserved == e.computed]
+        return [r for r in self.expect
+                if self._pos(r, "issued") % self.B
+                and self._pos(r, "issued") == self._pos(r, "reserved") == self._pos(
+                    r, "computed")]
 
     @precondition(lambda self: len(self.expect) < len(RIDS) and self._cow_candidates())
     @rule(data=st.data(), token=st.integers(0, 3))
@@ -515,27 +468,19 @@ class AllocatorMachine(RuleBasedStateMachine):
         shared partial block must be copied (copy-on-write), never written in place."""
         parent = data.draw(st.sampled_from(sorted(self._cow_candidates())))
         child = data.draw(st.sampled_from([r for r in RIDS if r not in self.expect]))
-        self.fork_child(parent, child)
-        if child not in self.expect:
+        if not self.fork_child(parent, child):
             return
-        e = self.expect[child]
-        shared_block = self.alloc.block_table(child)[e.issued // self.B]
-        self.alloc.append_tokens(child, [token])
-        e.tokens.append(token)
-        if self._usable() < 1:
-            _event("fork_then_write: no room")
+        issued = self._pos(child, "issued")
+        shared_block = self.alloc.block_table(child)[issued // self.B]
+        self._append(child, [token])
+        if not self._allocate(child, self._pos(child, "reserved") + 1, "fork_then_write"):
             return
-        self.allocate_exact(child, e.reserved + 1)
-        try:
-            launch = self.alloc.publish([child])
-        except OutOfBlocks:
-            self._replay()
-            _event("fork_then_write: no room for the copy")
+        launch = self._publish([child], "fork_then_write")
+        if launch is None:
             return
-        self._replay()
-        e.issued = e.reserved
-        assert launch.copies.tolist() == [[shared_block, self.alloc.block_table(child)[
-            (e.reserved - 1) // self.B]]], "a shared partial block was not copied"
+        new = self.alloc.block_table(child)[(self._pos(child, "reserved") - 1) // self.B]
+        assert launch.copies.tolist() == [[shared_block, new]], (
+            "a shared partial block was not copied")
         assert self.model.ref[shared_block] >= 1
         self.launches.append(launch)
         _event("fork_then_write: copy-on-write")
@@ -548,10 +493,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                 if r in self.expect]
         if not live:
             return
-        rid = data.draw(st.sampled_from(sorted(set(live))))
-        self.expect.pop(rid)
-        self.alloc.free(rid)
-        self._replay()
+        self._free(data.draw(st.sampled_from(sorted(set(live)))))
         pending = len(self._reclaimed_pending())
         _event("free_while_in_flight" + (": blocks wait for the launch" if pending else ""))
 
@@ -562,8 +504,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             self._refused(lambda: self.alloc.allocate(rid, n), InvalidArgument)
             self._refused(lambda: self.alloc.commit(rid, n), InvalidArgument)
         else:
-            self._refused(lambda: self.alloc.allocate(rid, 1), UnknownRequest)
-            self._refused(lambda: self.alloc.publish([rid]), UnknownRequest)
+            self._call("allocate", (rid, 1), lambda: self.alloc.allocate(rid, 1),
+                       UnknownRequest)
+            self._call("publish", ([rid],), lambda: self.alloc.publish([rid]), UnknownRequest)
         _event("bad_arguments refused")
 
     # ---- block-level rules: legal pool operations and misuse -----------------------------------
@@ -582,6 +525,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             _event(f"pool.{name}: refused")
         else:
             call(b)
+            self.calls.follow(self.alloc.pool.trace)
             self._replay()
             _event(f"pool.{name}: ok")
 
@@ -649,7 +593,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             kinds += ["duplicate_add", "publish_nothing_allocated"]
             if any(self.model.state[b] != FREE for b in self.model.block_ids):
                 kinds.append("allocate_taken_block")
-            if any(e.reserved > 0 for e in self.expect.values()):
+            if any(self._pos(r, "reserved") > 0 for r in self.expect):
                 kinds.append("shrink_refused")
         return kinds
 
@@ -672,12 +616,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         if CAMPAIGN[STEPS] % LIVE_EVERY == 0:
             for name, n in live_instances(a.pool, a.requests).items():
                 CAMPAIGN[LIVE + name] += n
-        spec_tables = tables(a.requests)
-        assert set(spec_tables) == set(self.expect)
-        for rid, (entries, reserved, computed) in spec_tables.items():
-            e = self.expect[rid]
-            assert (reserved, computed) == (e.reserved, e.computed), rid
-            assert len(entries) == e.table_len
+        assert set(tables(a.requests)) == set(self.expect)
+        assert summary(a.requests) == summary(self.calls.state), "tables differ from the spec"
+        for rid, e in self.expect.items():
+            assert self._pos(rid, "known") == len(e.tokens), rid
         counts = self.alloc.stats()
         m = self.model
         assert counts["free"] == m.count[FREE]
@@ -688,8 +630,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert counts["allocatable_now"] == self._usable()
         assert counts["waiting_on_launches"] == m.count[RECLAIMED] + busy
         assert counts["inflight_launches"] == sum(1 for L in launch_ids(m) if m.inflight[L])
-        assert counts["occupancy_tokens"] == sum(e.reserved for e in self.expect.values())
-        assert counts["occupancy_blocks"] == sum(e.table_len for e in self.expect.values())
+        assert counts["occupancy_tokens"] == sum(self._pos(r, "reserved") for r in self.expect)
+        assert counts["occupancy_blocks"] == sum(self._table_len(r) for r in self.expect)
         # Reclamation is eager: the watermark is as far as the spec lets it go, and every
         # block the spec lets recycle is FREE (nothing waits longer than its readers).
         assert step(m, "advance") is None, "the watermark lags behind completed launches"
