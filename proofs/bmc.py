@@ -22,7 +22,7 @@ from typing import Any
 import z3
 
 from pagedkv.spec.invariants import Invariant
-from pagedkv.spec.model import ARRAY_FIELDS, PoolState, initial_state
+from pagedkv.spec.model import ARRAY_FIELDS, FIELD_DEFAULT, INDEX_KIND, PoolState, initial_state
 from pagedkv.spec.ops import Z3Ops
 from pagedkv.spec.states import ALL_STATES, FREE, NO_HASH
 from pagedkv.spec.transitions import Transition
@@ -31,8 +31,6 @@ from .z3_model import (
     CLOCK_KEYS,
     DEFAULT_INVARIANTS,
     DEFAULT_TRANSITIONS,
-    FIELD_DEFAULT,
-    INDEX_KIND,
     _z3_value,
     instance,
     proof_invariants,

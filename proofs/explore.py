@@ -60,7 +60,14 @@ from typing import Any
 
 from pagedkv.spec.check import hash_ids, launch_ids, request_violations
 from pagedkv.spec.invariants import Invariant
-from pagedkv.spec.model import ARRAY_FIELDS, BLOCK_FIELDS, PoolState, initial_state
+from pagedkv.spec.model import (
+    ARRAY_FIELDS,
+    BLOCK_FIELDS,
+    FIELD_DEFAULT,
+    INDEX_KIND,
+    PoolState,
+    initial_state,
+)
 from pagedkv.spec.ops import CONCRETE, Arr, Overlay, flatten
 from pagedkv.spec.requests import (
     HOLDER_FIELDS,
@@ -81,8 +88,6 @@ from .z3_model import (
     CLOCK_NAMES,
     DEFAULT_INVARIANTS,
     DEFAULT_TRANSITIONS,
-    FIELD_DEFAULT,
-    INDEX_KIND,
     param_kind,
 )
 

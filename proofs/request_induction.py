@@ -37,7 +37,7 @@ from pagedkv.spec.model import PoolState
 from pagedkv.spec.ops import Z3Ops
 from pagedkv.spec.request_invariants import REQUEST_INVARIANTS
 from pagedkv.spec.requests import (
-    HOLDER_FIELDS,
+    REQUEST_INDEX_KIND,
     REQUEST_PARAM_KINDS,
     REQUEST_TRANSITIONS,
     RequestState,
@@ -66,9 +66,9 @@ class _HasSum(Exception):
 
 def symbolic_request_state(tag: str) -> RequestState:
     pool = symbolic_state(tag)
-    fields: dict[str, Any] = {f: z3.Const(f"{tag}{f}", _II) for f in HOLDER_FIELDS}
-    fields.update(tab=z3.Const(f"{tag}tab", _IAI), slot=z3.Const(f"{tag}slot", _IAI),
-                  chain=z3.Const(f"{tag}chain", _IAI), content=z3.Const(f"{tag}content", _II))
+    sorts = {1: _II, 2: _IAI}  # int arrays, indexed once or twice (REQUEST_INDEX_KIND)
+    fields = {f: z3.Const(f"{tag}{f}", sorts[len(kinds)])
+              for f, kinds in REQUEST_INDEX_KIND.items()}
     return RequestState(pool=pool, **fields)
 
 

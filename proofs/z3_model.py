@@ -44,7 +44,14 @@ from typing import Any
 import z3
 
 from pagedkv.spec.invariants import INVARIANTS, Invariant
-from pagedkv.spec.model import ARRAY_FIELDS, BLOCK_FIELDS, PoolState, initial_state
+from pagedkv.spec.model import (
+    ARRAY_FIELDS,
+    BLOCK_FIELDS,
+    FIELD_DEFAULT,
+    INDEX_KIND,
+    PoolState,
+    initial_state,
+)
 from pagedkv.spec.ops import Arr, Z3Ops
 from pagedkv.spec.states import ALL_STATES, ISSUED, NO_BLOCK, NO_HASH, WATERMARK, state_name
 from pagedkv.spec.transitions import PARAM_KINDS, TRANSITIONS, Transition
@@ -73,13 +80,7 @@ def _z3_value(value: Any) -> z3.ExprRef:
     raise TypeError(f"no z3 value for {value!r}")
 
 
-FIELD_DEFAULT = {f: getattr(_TEMPLATE, f).default for f in ARRAY_FIELDS}
 FIELD_SORT = {f: _sort_of(getattr(_TEMPLATE, f)) for f in ARRAY_FIELDS}
-# What each field is indexed by (for the explicit encoding and for printing). A field the spec
-# adds later and that is missing here is left an unconstrained array (still sound).
-INDEX_KIND: dict[str, str] = {f: "block" for f in BLOCK_FIELDS}
-INDEX_KIND.update(hmap="hash", holds="holder", alive="holder", nheld="holder", count="state",
-                  inflight="launch", clock="clock")
 CLOCK_KEYS = (ISSUED, WATERMARK)
 CLOCK_NAMES = {ISSUED: "issued", WATERMARK: "watermark"}
 

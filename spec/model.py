@@ -33,6 +33,15 @@ from .states import ALL_STATES, FREE, ISSUED, NO_BLOCK, NO_HASH, WATERMARK
 BLOCK_FIELDS = ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "queued")
 ARRAY_FIELDS = BLOCK_FIELDS + ("hmap", "holds", "alive", "nheld", "count", "inflight", "clock")
 
+# What each field is indexed by, declared once for every reader (z3 model, explorer, BMC): a
+# block id, a prefix hash, a holder, a block state, a launch number or a clock key; ``holds``
+# is indexed by holder, then block. Its default is the initial state's (``FIELD_DEFAULT``).
+INDEX_KIND: dict[str, str] = {
+    **dict.fromkeys(BLOCK_FIELDS, "block"),
+    "hmap": "hash", "holds": "holder", "alive": "holder", "nheld": "holder", "count": "state",
+    "inflight": "launch", "clock": "clock",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class PoolState:
@@ -94,6 +103,10 @@ def initial_state(
         block_ids=tuple(range(num_blocks)),
         holder_ids=tuple(holder_ids),
     )
+
+
+_TEMPLATE = initial_state(1, 1)
+FIELD_DEFAULT: dict[str, Any] = {f: getattr(_TEMPLATE, f).default for f in ARRAY_FIELDS}
 
 
 def states_equal(a: PoolState, b: PoolState) -> list[str]:

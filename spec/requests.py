@@ -41,6 +41,14 @@ NO_SLOT = -1
 POSITIONS = ("reserved", "issued", "computed", "known")
 HOLDER_FIELDS = ("tlen",) + tuple(f"{p}_{k}" for p in POSITIONS for k in ("q", "o"))
 TABLE_FIELDS = HOLDER_FIELDS + ("tab", "slot", "chain", "content")
+# What each request-layer field is indexed by, outermost first (every reader derives its
+# encoding from this): per request; per request and table entry; per request and block; per
+# block.
+REQUEST_INDEX_KIND: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(HOLDER_FIELDS, ("holder",)),
+    "tab": ("holder", "entry"), "slot": ("holder", "block"), "chain": ("holder", "entry"),
+    "content": ("block",),
+}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pagedkv.spec import (
     RECLAIMED,
     REQUEST_INVARIANTS,
     REQUEST_TRANSITIONS,
+    RequestState,
     initial_request_state,
     request_step,
     request_violations,
@@ -186,3 +187,21 @@ def test_request_violations_names_a_corrupted_table():
     assert "table_entries_held" in names
     assert request_violations(s) == []
     assert s.content[0] != NO_HASH and s.content[1] == NO_HASH
+
+
+def test_every_field_declares_its_index_kinds():
+    """The spec declares, once, what each field is indexed by; readers derive from it."""
+    import dataclasses
+
+    from pagedkv.spec.model import ARRAY_FIELDS, FIELD_DEFAULT, INDEX_KIND
+    from pagedkv.spec.requests import REQUEST_INDEX_KIND, TABLE_FIELDS
+
+    assert set(INDEX_KIND) == set(ARRAY_FIELDS) == set(FIELD_DEFAULT)
+    assert set(REQUEST_INDEX_KIND) == set(TABLE_FIELDS) == {
+        f.name for f in dataclasses.fields(RequestState)} - {"pool"}
+    fresh = initial_request_state(initial_state(2, 2))
+    for f, kinds in REQUEST_INDEX_KIND.items():  # nesting depth matches the declaration
+        depth, v = 0, getattr(fresh, f)
+        while hasattr(v, "default"):
+            depth, v = depth + 1, v.default
+        assert depth == len(kinds), f
