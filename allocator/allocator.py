@@ -20,8 +20,6 @@ from pagedkv.spec import (
     CONCRETE,
     FREE,
     ISSUED,
-    NO_BLOCK,
-    NO_HASH,
     PUBLISHED,
     RECLAIMED,
     REFERENCED,
@@ -29,12 +27,11 @@ from pagedkv.spec import (
     WATERMARK,
     PoolState,
     RequestState,
-    flatten,
     slots_written,
     violations,
 )
 from pagedkv.spec.explain import failed_conditions
-from pagedkv.spec.requests import request_state
+from pagedkv.spec.requests import initial_request_state
 from pagedkv.spec.states import ALLOCATED
 
 from .errors import (
@@ -49,6 +46,7 @@ from .errors import (
 from .hashing import block_hash, encode_tokens, normalize_extra_keys
 from .launch import Launch, LaunchAlreadyCompleted
 from .pool import BlockPool
+from .request_view import materialize, request_view
 from .table import blocks_needed, check_count, slot_mapping, writes_per_block
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -161,6 +159,8 @@ class BlockAllocator:
         # block's tokens, extra keys, salt), so a shared prefix is sha256-hashed once. Bounded:
         # cleared when it reaches _HASH_MEMO_MAX entries. None disables it.
         self._hash_memo: dict[tuple[Any, ...], int] | None = {}
+        # The request records and pool seen as the spec's request-layer state (no copy).
+        self.spec_view = request_view(self._requests, self.pool)
 
     # ---- requests ----------------------------------------------------------------------------
     @_locked
@@ -739,23 +739,10 @@ class BlockAllocator:
     @_locked
     def abstract(self) -> Abstraction:
         """The allocator's state mapped to the spec's: the pool, and the request layer's state
-        (``spec.requests``) with each request's table, positions and known chain values.
-
-        A block's seal (``content``) is read off the tables: its hash once cached, else, for a
-        full PUBLISHED block whose tokens are known, the chain value of its entry."""
+        (``spec.requests``), materialized from ``spec_view`` (the one mapping, written in
+        ``allocator/request_view.py``)."""
         pool = self.pool.abstract()
-        B = self.block_size
-        content = {b: h for h, b in flatten(pool.hmap).items() if b != NO_BLOCK}
-        reqs = []
-        for r in self._requests.values():
-            counts = {"reserved": r.reserved, "issued": r.issued, "computed": r.computed,
-                      "known": len(r.tokens)}
-            reqs.append((r.rid, list(r.table), counts, list(r.hashes)))
-            for i, b in enumerate(r.table):
-                if (pool.hash[b] == NO_HASH and pool.state[b] == PUBLISHED
-                        and pool.filled[b] == B and i < len(r.hashes)):
-                    content.setdefault(b, r.hashes[i])
-        return Abstraction(pool, request_state(pool, B, reqs, content))
+        return Abstraction(pool, materialize(self.spec_view, pool, initial_request_state(pool)))
 
     @_locked
     def check_invariants(self) -> None:

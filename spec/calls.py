@@ -135,6 +135,7 @@ class CallRun:
     state: RequestState
     chooser: Chooser = first_fit
     prefix_caching: bool = True
+    flatten: bool = True  # False: keep post-states as overlays (on a view of a runtime)
     steps: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     result: Any = None
 
@@ -149,7 +150,9 @@ class CallRun:
             s = s.replace(pool=s.pool.replace(holder_ids=(*s.pool.holder_ids, params["r"])))
         if not t.guard(CONCRETE, s, **params):
             raise CallRefused(why_refused(s, name, **params), step=(name, params))
-        s = t.effect(CONCRETE, s, **params).flattened()
+        s = t.effect(CONCRETE, s, **params)
+        if self.flatten:
+            s = s.flattened()
         if name == "close":
             s = s.replace(pool=s.pool.replace(
                 holder_ids=tuple(r for r in s.pool.holder_ids if r != params["r"])))
@@ -233,7 +236,7 @@ def _settle(run: CallRun) -> None:
             run.step("recycle", b=b)
 
 
-def _take_hits(run: CallRun, r: Hashable) -> int:
+def take_hits(run: CallRun, r: Hashable) -> int:
     """Admission: while the cache holds the block under r's next chain value, share it."""
     n = 0
     while run.prefix_caching:
@@ -250,7 +253,7 @@ def _take_hits(run: CallRun, r: Hashable) -> int:
 def cached_prefix(s: RequestState, r: Hashable, prefix_caching: bool = True) -> int:
     """Positions an admission of the open, empty request r would take from the cache now."""
     run = CallRun(s, first_fit, prefix_caching)
-    return _take_hits(run, r) * run.B
+    return take_hits(run, r) * run.B
 
 
 # --- the calls -----------------------------------------------------------------------------------
@@ -276,7 +279,7 @@ def allocate(run: CallRun, r: Hashable, n: int) -> None:
                 f"{r!r} covers {run.pos('reserved', r)} positions; tables only grow")
     B = run.B
     if run.state.tlen[r] == 0:
-        _take_hits(run, r)
+        take_hits(run, r)
     target = max(n, run.pos("reserved", r))
     reserved = run.pos("reserved", r)
     if reserved % B and target > reserved:
@@ -400,4 +403,4 @@ CALLS: dict[str, Callable[..., None]] = {
 }
 
 __all__ = ["CALLS", "CallRefused", "CallRun", "Chooser", "FirstFit", "cached_prefix",
-           "call_allowed", "first_fit", "run_call", "why_refused"]
+           "call_allowed", "first_fit", "run_call", "take_hits", "why_refused"]
