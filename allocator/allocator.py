@@ -7,6 +7,7 @@ refused call raises a typed ``AllocatorError`` and changes nothing.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,11 +31,13 @@ from pagedkv.spec import (
     slots_written,
     violations,
 )
+from pagedkv.spec.calls import CALLS, CallRefused, CallRun
 from pagedkv.spec.explain import failed_conditions
 from pagedkv.spec.requests import initial_request_state
 from pagedkv.spec.states import ALLOCATED
 
 from .errors import (
+    AllocatorError,
     CommitError,
     DuplicateRequest,
     InvalidArgument,
@@ -61,6 +64,30 @@ def _locked(method: _F) -> _F:
             return method(self, *args, **kwargs)
 
     return run  # type: ignore[return-value]
+
+def _confirmed(call: str) -> Callable[[_F], _F]:
+    """The method's refusals (``OutOfBlocks``, ``CommitError``) are confirmed by the spec at
+    run time: the call's program (``spec.calls``) is run on ``spec_view`` and must not run
+    either; its reason, in the spec's words, is attached (``spec_reason``) and appended to the
+    message. Where the program runs, the allocator refused what the spec allows:
+    ``InvariantViolation('refines')``. Only refusals pay for this."""
+
+    def wrap(method: _F) -> _F:
+        sig = inspect.signature(method)
+
+        @wraps(method)
+        def run(self: BlockAllocator, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except (OutOfBlocks, CommitError) as exc:
+                bound = sig.bind(self, *args, **kwargs)
+                self._confirm_refusal(exc, call, tuple(bound.arguments.values())[1:])
+                raise
+
+        return run  # type: ignore[return-value]
+
+    return wrap
+
 
 _HASH_MEMO_MAX = 1 << 16
 
@@ -269,6 +296,23 @@ class BlockAllocator:
             raise OutOfBlocks(need, available + gained, pool.waiting() - gained)
         return done
 
+    def _confirm_refusal(self, exc: AllocatorError, call: str, args: tuple[Any, ...]) -> None:
+        """See ``_confirmed``."""
+        if isinstance(exc, InvalidArgument) and not isinstance(exc, TokensUnknown):
+            return  # a malformed argument, refused before the spec is consulted
+        if call == "publish":
+            args = (self._check_rids(args[0]),)
+        run = CallRun(self.spec_view, prefix_caching=self.prefix_caching, flatten=False)
+        try:
+            CALLS[call](run, *args)
+        except CallRefused as refused:
+            exc.spec_reason = refused.reason  # type: ignore[attr-defined]
+            exc.args = (f"{exc.args[0]} (spec: {refused.reason})", *exc.args[1:])
+            return
+        raise InvariantViolation("refines", (
+            f"the allocator refused {call}{args!r} ({exc}), but the spec's program runs: "
+            f"{[name for name, _ in run.steps]}")) from exc
+
     def _reclaim_launches(self, done: Iterable[Launch]) -> None:
         for launch in done:
             self._complete(launch, False)
@@ -284,6 +328,7 @@ class BlockAllocator:
             ) from None
 
     @_locked
+    @_confirmed("allocate")
     def allocate(self, rid: Hashable, num_tokens: int) -> list[int]:
         """Grow rid's table to cover ``num_tokens`` positions (spec: share for prefix hits on the
         first call, then allocate — evicting LRU cached blocks as needed). All or nothing.
@@ -326,6 +371,7 @@ class BlockAllocator:
         self._extend_hashes(req)
 
     @_locked
+    @_confirmed("commit")
     def commit(self, rid: Hashable, num_tokens: int) -> None:
         """Positions below ``num_tokens`` are written (their launches completed): full blocks
         below it become REFERENCED and enter the prefix cache (spec: commit)."""
@@ -366,6 +412,7 @@ class BlockAllocator:
                 pool.commit(b, rid, h)
 
     @_locked
+    @_confirmed("truncate")
     def truncate(self, rid: Hashable, num_tokens: int) -> list[int]:
         """Drop rid's positions from ``num_tokens`` on: rejected speculative (lookahead)
         tokens. Their token ids are forgotten, table entries past the new end are released
@@ -420,6 +467,7 @@ class BlockAllocator:
         return list(req.table)
 
     @_locked
+    @_confirmed("fork")
     def fork(self, parent: Hashable, child: Hashable) -> list[int]:
         """The child shares the parent's blocks (spec: open_holder, share each; blocks the
         parent has not published yet are unwritten, so the child takes fresh ones: allocate).
@@ -486,6 +534,7 @@ class BlockAllocator:
         return rids
 
     @_locked
+    @_confirmed("publish")
     def publish(self, rids: Sequence[Hashable]) -> Launch:
         """Hand the requests' tables to kernels as launch number ``L = pool.clock[ISSUED]``
         (spec: launch). New blocks are published (spec: publish), shared partial blocks about

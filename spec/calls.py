@@ -19,15 +19,11 @@ Concrete only (this is the meaning of calls, not a transition): not evaluated on
 
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
-import textwrap
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .explain import failed_conditions
+from .explain import failed_conditions, failed_table_conditions
 from .ops import CONCRETE
 from .requests import REQUEST_TRANSITIONS, RequestState, count, table_of
 from .states import (
@@ -77,44 +73,14 @@ first_fit = FirstFit()
 
 
 # --- saying why a step is refused ----------------------------------------------------------------
-@functools.cache
-def _condition_sources(plan: Callable[..., Any]) -> tuple[str, ...]:
-    """The source text of each element of the plan's ``conds = [...]`` list ("" for a starred
-    helper's elements, which are expanded from the helper's own list)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(plan)))
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "conds"
-                and isinstance(node.value, ast.List)):
-            out: list[str] = []
-            for e in node.value.elts:
-                if isinstance(e, ast.Starred) and isinstance(e.value, ast.Call):
-                    helper = plan.__globals__.get(ast.unparse(e.value.func))
-                    out += _returned_list(helper) if helper else [ast.unparse(e)]
-                else:
-                    out.append(ast.unparse(e))
-            return tuple(out)
-    return ()
-
-
-def _returned_list(fn: Callable[..., Any]) -> list[str]:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Return) and isinstance(node.value, ast.List):
-            return [ast.unparse(e) for e in node.value.elts]
-    return []
-
-
 def why_refused(s: RequestState, name: str, **params: Any) -> str:
-    """Which of a request transition's conditions fail on s: the table's own (by their
-    source), or the first pool step's guard (in words, ``spec.explain``)."""
+    """Which of a request transition's conditions fail on s, in words: the table's own, or
+    those of the first pool step whose guard fails (``spec.explain``)."""
     t = REQUEST_TRANSITIONS[name]
-    conds, steps, _ = t.plan(CONCRETE, s, **params)
-    sources = _condition_sources(t.plan)
-    failed = [sources[i] if i < len(sources) else f"condition {i}"
-              for i, c in enumerate(conds) if not c]
+    failed = failed_table_conditions(t.plan, s, **params)
     if failed:
-        return f"{name}: the table's condition {' and '.join(failed)} fails"
+        return f"{name}: " + "; ".join(failed)
+    _, steps, _ = t.plan(CONCRETE, s, **params)
     pool = s.pool
     for step_name, step_params, when in steps:
         pt = TRANSITIONS[step_name]
@@ -122,7 +88,7 @@ def why_refused(s: RequestState, name: str, **params: Any) -> str:
             if not pt.guard(CONCRETE, pool, **step_params):
                 words = failed_conditions(pt.guard, pool, **step_params)
                 return f"{name}: its {step_name} step is refused: " + (
-                    "; ".join(words) or "guard does not hold")
+                    "; ".join(words) or "its guard does not hold")
             pool = pt.effect(CONCRETE, pool, **step_params)
     return f"{name}: refused"  # pragma: no cover - run_steps and this walk agree
 

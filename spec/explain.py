@@ -76,7 +76,8 @@ class _Words:
         self.env, self.params, self.local_defs = env, params, local_defs
 
     def value(self, node: ast.expr) -> Any:
-        return eval(compile(ast.Expression(node), "<guard>", "eval"), self.env)
+        return eval(compile(ast.fix_missing_locations(ast.Expression(node)), "<guard>", "eval"),
+                    self.env)
 
     def _field(self, node: ast.expr) -> tuple[str, list[str]] | None:
         """(field name, rendered index keys) of a read ``s.field[k]...``, else None."""
@@ -194,3 +195,173 @@ def explain_refusal(transition: Any, s: Any, **params: Any) -> str:
     if not failed:
         return f"{transition.name} refused"
     return f"{transition.name} refused: " + "; ".join(failed)
+
+
+# --- the request layer: a plan's table conditions, in words ---------------------------------
+# What each request-layer field means ({0}: the request or block, {1}: the entry or block).
+TABLE_WORDS = {
+    "tlen": "the number of entries in the table of request {0}",
+    "tab": "entry {1} of the table of request {0}",
+    "slot": "the entry of block {1} in the table of request {0}",
+    "chain": "the chain value of full block {1} of request {0}",
+    "content": "the seal of block {0}",
+    "known_q": "the full blocks of request {0} whose token ids are known",
+    "computed_q": "the full blocks request {0} has committed",
+}
+_POS_CMP = {"pos_le": "must be at most", "pos_eq": "must be"}
+
+
+class _TableWords(_Words):
+    """Renders a request plan's conditions: table fields, positions as counts, and pool
+    reads through ``s.pool`` (or a local bound to it) with the pool's glossary."""
+
+    def __init__(self, env: dict[str, Any], params: dict[str, Any],
+                 local_defs: dict[str, ast.expr]) -> None:
+        super().__init__(env, params, local_defs)
+        self.block_size = int(env["s"].pool.block_size)
+        env["_pool_s"] = env["s"].pool
+
+    def _pool_read(self, node: ast.expr) -> ast.expr | None:
+        """``s.pool.f[k]`` or ``P.f[k]`` (P = s.pool) rewritten as a pool read ``s.f[k]``."""
+        chain, base = [], node
+        while isinstance(base, ast.Subscript):
+            chain.append(base.slice)
+            base = base.value
+        if not isinstance(base, ast.Attribute):
+            return None
+        owner = base.value
+        is_pool = (isinstance(owner, ast.Attribute) and owner.attr == "pool"
+                   and isinstance(owner.value, ast.Name) and owner.value.id == "s") or (
+            isinstance(owner, ast.Name) and isinstance(self.local_defs.get(owner.id),
+                                                     ast.Attribute)
+            and ast.unparse(self.local_defs[owner.id]) == "s.pool")
+        if not is_pool:
+            return None
+        # Keys evaluated here (they may read the table); the read itself, on the pool.
+        new: ast.expr = ast.Attribute(ast.Name("s", ast.Load()), base.attr, ast.Load())
+        for k in reversed(chain):
+            new = ast.Subscript(new, ast.Constant(self.value(k)), ast.Load())
+        return new
+
+    def _count(self, node: ast.expr) -> int | None:
+        v = self.value(node)
+        if isinstance(v, tuple) and len(v) == 2:
+            return int(v[0]) * self.block_size + int(v[1])
+        return None
+
+    def term(self, node: ast.expr) -> str:
+        if isinstance(node, ast.Name) and node.id in self.local_defs:
+            n = self._count(node)
+            if n is not None:
+                return f"position {n}"
+            return self.term(self.local_defs[node.id])
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "position" and len(node.args) == 2):
+            name, r = self.value(node.args[0]), self.value(node.args[1])
+            return f"the {name} position of request {r!r} (it is {self._count(node)})"
+        if isinstance(node, ast.Tuple) or (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("pos_min", "end_of")):
+            return f"position {self._count(node)}"
+        pool_read = self._pool_read(node)
+        if pool_read is not None:
+            words = _Words(dict(self.env, s=self.env["_pool_s"]), self.params, {})
+            return words.term(pool_read)
+        chain, base = [], node
+        while isinstance(base, ast.Subscript):
+            chain.append(base.slice)
+            base = base.value
+        if (isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name)
+                and base.value.id == "s" and base.attr in TABLE_WORDS and chain):
+            keys = [repr(self.value(k)) for k in reversed(chain)]
+            v = self.value(node)
+            shown = f"{v:#x}"[:12] + "..." if isinstance(v, int) and abs(v) > 10**12 else repr(v)
+            return f"{TABLE_WORDS[base.attr].format(*keys, '?', '?')} (it is {shown})"
+        if isinstance(node, ast.Name) and node.id == "B":
+            return f"the pool's block size ({self.value(node)})"
+        if (isinstance(node, ast.Name) and node.id not in self.params and node.id.islower()
+                and isinstance(self.env.get(node.id), int)):
+            return f"{node.id} ({self.env[node.id]})"
+        return super().term(node)
+
+    def say(self, node: ast.expr, negated: bool = False) -> str:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            fn = node.func.id
+            if fn in _POS_CMP and len(node.args) == 3:
+                words = _POS_CMP[fn]
+                if negated:
+                    words = f"must not satisfy '{words}'"
+                return f"{self.term(node.args[1])} {words} {self.term(node.args[2])}"
+            if fn == "_alive" and len(node.args) == 2:
+                r = self.value(node.args[1])
+                return f"request {r!r} must {'not ' if negated else ''}be open"
+        pool_read = self._pool_read(node)
+        if pool_read is not None:
+            words = _Words(dict(self.env, s=self.env["_pool_s"]), self.params, {})
+            return words.say(pool_read, negated)
+        return super().say(node, negated)
+
+
+@functools.cache
+def _plan_conditions(fn: Callable[..., Any]
+                     ) -> tuple[list[ast.stmt], list[tuple[ast.expr, Any]]]:
+    """(the statements before the conditions, the conditions, each with the helper it
+    expands to when it is ``*helper(...)``, else None). The conditions are a plan's
+    ``conds = [...]`` list, or a helper's ``return [...]``."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    body = tree.body[0].body if isinstance(tree.body[0], ast.FunctionDef) else []
+    for k, stmt in enumerate(body):
+        value = None
+        if (isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name)
+                and stmt.targets[0].id == "conds" and isinstance(stmt.value, ast.List)):
+            value = stmt.value
+        elif isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.List):
+            value = stmt.value
+        if value is None:
+            continue
+        out: list[tuple[ast.expr, Any]] = []
+        for e in value.elts:
+            helper = None
+            if isinstance(e, ast.Starred) and isinstance(e.value, ast.Call):
+                helper = fn.__globals__.get(ast.unparse(e.value.func))
+            out.append((e, helper))
+        return body[:k], out
+    return [], []
+
+
+def _table_env(fn: Callable[..., Any], prelude: list[ast.stmt], s: Any,
+               params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, ast.expr]]:
+    env: dict[str, Any] = dict(fn.__globals__)
+    env.update(params, ops=CONCRETE, s=s)
+    local_defs: dict[str, ast.expr] = {}
+    for stmt in prelude:
+        exec(compile(ast.Module([stmt], []), "<plan>", "exec"), env)
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)):
+            local_defs[stmt.targets[0].id] = stmt.value
+    return env, local_defs
+
+
+def failed_table_conditions(plan: Callable[..., Any], s: Any, **params: Any) -> list[str]:
+    """The table conditions of a request transition's plan (or of a helper returning a list
+    of them) that are false on concrete state ``s``, in words; its pool steps' guards are
+    ``failed_conditions``'s."""
+    prelude, conds = _plan_conditions(plan)
+    env, local_defs = _table_env(plan, prelude, s, params)
+    words = _TableWords(env, params, local_defs)
+    out: list[str] = []
+    for node, helper in conds:
+        if helper is not None:
+            assert isinstance(node, ast.Starred) and isinstance(node.value, ast.Call)
+            args = [words.value(a) for a in node.value.args]
+            hparams = dict(zip(inspect.signature(helper).parameters, args, strict=False))
+            hparams.pop("ops", None)
+            out += failed_table_conditions(helper, hparams.pop("s"), **hparams)
+            continue
+        try:
+            holds = bool(words.value(node))
+        except Exception:  # noqa: BLE001 - an unreadable term is reported as failing
+            holds = False
+        if not holds:
+            out.append(words.say(node))
+    return out

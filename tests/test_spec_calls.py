@@ -13,7 +13,14 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from pagedkv.allocator import AllocatorError, BlockAllocator, CommitError, InvalidArgument
+from pagedkv.allocator import (
+    AllocatorError,
+    BlockAllocator,
+    CommitError,
+    InvalidArgument,
+    InvariantViolation,
+    OutOfBlocks,
+)
 from pagedkv.allocator.hashing import chain_hashes
 from pagedkv.proofs.call_refinement import CallModel
 from pagedkv.proofs.refinement import AllocatorMachine
@@ -75,10 +82,11 @@ def test_refusals_say_which_condition_failed():
     refused = call_allowed(m.state, "commit", "a", 2)  # nothing issued yet
     assert isinstance(refused, CallRefused)
     assert refused.step[0] == "commit_pos"
-    assert "pos_le(ops, new, s.position('issued', r))" in refused.reason
+    assert "position 2 must be at most the issued position of request 'a' (it is 0)" in (
+        refused.reason)
     launch = _check(m, "publish", (["a"],), lambda: a.publish(["a"]))
     refused = call_allowed(m.state, "commit", "a", 2)  # issued, but the write is pending
-    assert "P.wpend[e] == 0" in refused.reason
+    assert "the pending writing launches on block 0 (it is 1) must be 0" in refused.reason
     _check(m, "complete", (launch.seq, list(launch.writes)), launch.complete)
     assert not isinstance(call_allowed(m.state, "commit", "a", 2), CallRefused)
     full = BlockAllocator(1, B)
@@ -208,3 +216,64 @@ def test_allocator_errors_are_the_refusals():
     assert out == 0
     assert isinstance(_check(m, "allocate", ("a", 5), lambda: a.allocate("a", 5)),
                       AllocatorError)
+
+
+# ---- refusals confirmed by the spec at run time -------------------------------------------------
+def test_a_refusal_carries_the_spec_reason_in_words():
+    a = BlockAllocator(4, B)
+    a.add_request("a", [1, 2, 3])
+    a.allocate("a", 3)
+    a.publish(["a"])
+    with pytest.raises(CommitError) as info:
+        a.commit("a", 2)
+    assert info.value.spec_reason == (
+        "commit_pos: the pending writing launches on block 0 (it is 1) must be 0")
+    assert "(spec: commit_pos:" in str(info.value)
+
+
+class _RefusesRoom(BlockAllocator):
+    """Claims to be out of blocks whenever a call needs one."""
+
+    def _plan_room(self, need, hits=()):
+        if need:
+            raise OutOfBlocks(need, 0)
+        return []
+
+
+def test_a_refusal_the_spec_would_not_make_is_an_invariant_violation():
+    a = _RefusesRoom(4, B)
+    a.add_request("a", [1, 2, 3])
+    with pytest.raises(InvariantViolation, match="refines") as info:
+        a.allocate("a", 3)
+    assert "the spec's program runs: ['grow', 'grow']" in str(info.value)
+    assert a.block_table("a") == []  # nothing changed: the refusal stands, flagged
+
+
+def test_every_request_refusal_is_said_in_words():
+    """On a few serving states, every refused request transition (any parameters in a small
+    range) names its failed conditions without falling back to source text."""
+    import itertools
+
+    from pagedkv.spec import CONCRETE, REQUEST_TRANSITIONS
+    from pagedkv.spec.calls import why_refused
+    from pagedkv.spec.requests import REQUEST_PARAM_KINDS
+
+    a, m = _setup(num_blocks=6)
+    _served(a, m, "a", PROMPT)
+    _check(m, "fork", ("a", "c"), lambda: a.fork("a", "c"))
+    _check(m, "publish", (["a"],), lambda: a.publish(["a"]))
+    s = m.state
+    ranges = {"block": range(-1, 7), "holder": ("a", "c", "zz"), "hash": (0, 5),
+              "slots": range(0, 3), "launch": range(0, 3)}
+    said = 0
+    for name, t in REQUEST_TRANSITIONS.items():
+        choices = [ranges[REQUEST_PARAM_KINDS[p]] for p in t.params]
+        for values in itertools.product(*choices):
+            params = dict(zip(t.params, values, strict=True))
+            if t.guard(CONCRETE, s, **params):
+                continue
+            text = why_refused(s, name, **params)
+            assert text.startswith(f"{name}: ") and "ops." not in text and "s." not in text, (
+                text)
+            said += 1
+    assert said > 500
