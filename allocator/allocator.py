@@ -24,10 +24,10 @@ from pagedkv.spec import (
     PUBLISHED,
     RECLAIMED,
     REFERENCED,
-    TRANSITIONS,
     WATERMARK,
     PoolState,
     RequestState,
+    Transition,
     slots_written,
     violations,
 )
@@ -164,12 +164,15 @@ class BlockAllocator:
         *,
         prefix_caching: bool = True,
         checked: bool = True,
+        spec: Mapping[str, Transition] | None = None,
     ) -> None:
+        """``spec``: the lifecycle transitions to enforce (default ``spec.TRANSITIONS``), passed
+        to the ``BlockPool``; tests and canaries pass a changed spec here."""
         if not isinstance(prefix_caching, bool | np.bool_):
             raise InvalidArgument(
                 f"prefix_caching must be a bool, got {type(prefix_caching).__name__}"
             )
-        self.pool = BlockPool(num_blocks, block_size, checked=checked)
+        self.pool = BlockPool(num_blocks, block_size, checked=checked, spec=spec)
         self.block_size = self.pool.block_size
         self.num_blocks = self.pool.num_blocks
         self.prefix_caching = bool(prefix_caching)
@@ -443,7 +446,7 @@ class BlockAllocator:
         if tail is not None:
             k = num_tokens - (keep - 1) * B
             if pool.filled[tail] > k:
-                why = failed_conditions(TRANSITIONS["rewind"].guard, pool.view, b=tail, r=rid,
+                why = failed_conditions(pool.spec["rewind"].guard, pool.view, b=tail, r=rid,
                                         k=k)
                 if why:
                     raise CommitError(

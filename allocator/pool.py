@@ -1,16 +1,16 @@
 """BlockPool: the block-level runtime. Each public method is one spec transition.
 
-Guards are the spec's own functions (``spec.TRANSITIONS[name].guard``), evaluated on a
-read-only view of the pool's arrays, so a refused call raises a typed error and changes
-nothing. In checked mode each transition's real effect is compared with the spec's predicted
-effect on the touched blocks, and the block-scoped invariants are re-evaluated there: O(1) per
-touched block, never a pool scan.
+Guards are the spec's own functions (``spec.TRANSITIONS[name].guard``, or those of the
+``spec`` passed in), evaluated on a read-only view of the pool's arrays, so a refused call
+raises a typed error and changes nothing. In checked mode each transition's real effect is
+compared with the spec's predicted effect on the touched blocks, and the block-scoped
+invariants are re-evaluated there: O(1) per touched block, never a pool scan.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from pagedkv.spec import (
     Arr,
     Overlay,
     PoolState,
+    Transition,
 )
 from pagedkv.spec.explain import failed_conditions
 
@@ -174,7 +175,11 @@ class _InFlight:
 class BlockPool:
     """Physical blocks, their lifecycle states, the eviction queue and the prefix-hash map."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, checked: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, checked: bool = True,
+                 spec: Mapping[str, Transition] | None = None) -> None:
+        """``spec``: the lifecycle transitions this pool enforces, by name (default: the
+        spec's own ``spec.TRANSITIONS``). Entries are read at call time, and each guard and
+        effect is compiled for this pool on first use (again if the entry is replaced)."""
         # Block ids are int32 in block tables; slots (block * B + offset) are int64.
         num_blocks = check_count(num_blocks, "num_blocks", MAX_BLOCKS)
         if num_blocks == 0:
@@ -188,6 +193,7 @@ class BlockPool:
         if not isinstance(checked, bool | np.bool_):
             raise InvalidArgument(f"checked must be a bool, got {type(checked).__name__}")
         checked = bool(checked)
+        self.spec: Mapping[str, Transition] = TRANSITIONS if spec is None else spec
         n = num_blocks
         self.num_blocks = n
         self.block_size = block_size
@@ -287,7 +293,7 @@ class BlockPool:
 
     def _entry(self, name: str) -> tuple[Any, ...]:
         entry = self._fast.get(name)
-        t = TRANSITIONS[name]
+        t = self.spec[name]
         if entry is None or entry[0] is not t:
             entry = self._bind(name, t)
         return entry
@@ -295,7 +301,7 @@ class BlockPool:
     def _enter(self, name: str, *args: Any) -> Any:
         """Evaluate the spec guard (raise if it fails); in checked mode, predict the effect."""
         entry = self._fast.get(name)
-        t = TRANSITIONS[name]
+        t = self.spec[name]
         if entry is None or entry[0] is not t:
             entry = self._bind(name, t)
         try:
@@ -328,7 +334,7 @@ class BlockPool:
         if predicted is None:
             return
         if isinstance(predicted, PoolState):
-            params = dict(zip(TRANSITIONS[name].params, args, strict=True))
+            params = dict(zip(self.spec[name].params, args, strict=True))
             return self._verify_interpreted(name, predicted, **params)
         entry = self._fast[name]
         bad = entry[3](predicted, *args)
@@ -345,7 +351,7 @@ class BlockPool:
         self._check_frame(name, written)
         self._check_invariants(name, entry[4](predicted))
         if "clock" in written or "inflight" in written:
-            self._check_clock_invariants(name, args[0] if TRANSITIONS[name].params == ("L",)
+            self._check_clock_invariants(name, args[0] if self.spec[name].params == ("L",)
                                          else None)
 
     def _check_frame(self, name: str, written: Iterable[str]) -> None:

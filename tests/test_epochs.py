@@ -236,15 +236,16 @@ def test_release_without_the_stamp_lets_the_spec_reuse_a_block_under_its_reader(
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_release_without_the_stamp_is_caught_by_checked_mode(monkeypatch, compiled):
+def test_release_without_the_stamp_is_caught_by_checked_mode(compiled):
     """On the runtime: the pool stamps the block, the weakened spec says the stamp is left
     alone, so checked mode reports the release as not refining the spec."""
-    a = BlockAllocator(4, 2)
+    spec = dict(TRANSITIONS)
+    a = BlockAllocator(4, 2, spec=spec)
     a.pool.compile_spec = compiled
     a.add_request("x", [1, 2, 3])
     a.allocate("x", 3)
     a.publish(["x"])  # launch 0 in flight
-    monkeypatch.setitem(TRANSITIONS, "release", _without_retire_stamp())
+    spec["release"] = _without_retire_stamp()
     with pytest.raises(InvariantViolation, match=r"refines:release.*retire\[\d\]"):
         a.free("x")
 
