@@ -11,14 +11,12 @@ cannot express (Python truth tests on terms, unknown constants) falls back to in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pagedkv.spec import CONCRETE, NO_BLOCK, NO_HASH, PARAM_KINDS, Overlay, PoolState
+from pagedkv.spec import CONCRETE, NO_HASH, PARAM_KINDS, Overlay
+from pagedkv.spec.model import INDEX_KIND
 
-if TYPE_CHECKING:
-    from .pool import BlockPool
-
-
+from .storage import ALIVE, FIELDS, HOLDS, NHELD, PoolStorage, read_source
 
 
 class _Unsupported(Exception):
@@ -214,22 +212,19 @@ class _SymPost:
         self.fields = fields
 
 
-def _row(r: str) -> _SymArr:
-    return _SymArr(lambda k: _Sym(f"({k} in held.get({r}, ()))"))
+def _sym_field(field: str) -> _SymArr:
+    """A symbolic spec array whose reads are the storage's own (``storage.read_source``)."""
+    if FIELDS[field][1] == HOLDS:
+        return _SymArr(lambda r: _SymArr(lambda b: _Sym(read_source(field, r, b))))
+    return _SymArr(lambda k: _Sym(read_source(field, k)))
 
 
 class _SymView:
-    """The pool's arrays as the spec sees them; reads build source over BlockPool's fields."""
+    """The pool's arrays as the spec sees them; reads build source over the storage."""
 
     def __init__(self) -> None:
-        for f in ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash",
-                  "queued", "count", "clock"):
-            setattr(self, f, _SymArr(lambda k, f=f: _Sym(f"{f}[{k}]")))
-        self.inflight = _SymArr(lambda k: _Sym(f"({k} in inflight)"))
-        self.hmap = _SymArr(lambda k: _Sym(f"hmap.get({k}, {NO_BLOCK})"))
-        self.alive = _SymArr(lambda k: _Sym(f"({k} in held)"))
-        self.nheld = _SymArr(lambda k: _Sym(f"len(held.get({k}, ()))"))
-        self.holds = _SymArr(_row)
+        for f in FIELDS:
+            setattr(self, f, _sym_field(f))
         self.block_size = _Sym("block_size")
         self.num_blocks = _Sym("num_blocks")
         self.block_ids = _SymIds("range(num_blocks)")
@@ -239,13 +234,10 @@ class _SymView:
         return _SymPost(changes)
 
 
-_VERIFIED_FIELDS = ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash",
-                    "queued", "count", "hmap", "inflight", "clock")
-# Fields keyed by something else than a block id (not "touched blocks").
-_NOT_BLOCK_KEYED = ("count", "hmap", "inflight", "clock")
-_READ = {f: f"{f}[{{}}]" for f in _VERIFIED_FIELDS}
-_READ["hmap"] = f"hmap.get({{}}, {NO_BLOCK})"
-_READ["inflight"] = "({} in inflight)"
+# The fields whose writes are compared one by one (holders' sets are checked as holds/nheld),
+# and those keyed by something else than a block id (not "touched blocks").
+_VERIFIED_FIELDS = tuple(f for f, (_, rep) in FIELDS.items() if rep not in (ALIVE, NHELD, HOLDS))
+_NOT_BLOCK_KEYED = tuple(f for f in _VERIFIED_FIELDS if INDEX_KIND[f] != "block")
 _CODE_CACHE: dict[Any, Any] = {}
 
 
@@ -307,7 +299,7 @@ def effect_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
                     values += [k, v]
                 for n, i in enumerate(slots):
                     later = [f"P[{j}]" for j in slots[n + 1:]]
-                    read = _READ[f].format(f"P[{i}]")
+                    read = read_source(f, f"P[{i}]")
                     cond = f"{read} != P[{i + 1}]"
                     if later:
                         cond = f"P[{i}] not in ({', '.join(later)},) and {cond}"
@@ -345,16 +337,13 @@ def effect_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
 _PROBE_CHECKED: dict[Any, bool] = {}
 
 
-def scrambled_pool(seed: int, num_blocks: int = 6, *, negative: bool = False) -> BlockPool:
+def scrambled_pool(seed: int, num_blocks: int = 6, *, negative: bool = False) -> PoolStorage:
     """A small pool with arbitrary array contents (not necessarily a reachable state), for
     comparing compiled and interpreted spec functions. ``negative`` allows -1 counters."""
     import random
 
-    from .pool import BlockPool
-
     rnd = random.Random(seed)
-    p = BlockPool(num_blocks, 4, checked=False)
-    p.compile_spec = False
+    p = PoolStorage(num_blocks, 4)
     n = p.num_blocks
     p.state[:] = [rnd.randrange(6) for _ in range(n)]
     for arr, hi in ((p.ref, 3), (p.retire, 4), (p.wpend, 3), (p.filled, 5), (p.gen, 3)):
@@ -363,14 +352,14 @@ def scrambled_pool(seed: int, num_blocks: int = 6, *, negative: bool = False) ->
     p.inflight.update(L for L in range(4) if rnd.random() < 0.5)
     p.init[:] = [rnd.random() < 0.5 for _ in range(n)]
     p.hash[:] = [rnd.choice((NO_HASH, 11, 12)) for _ in range(n)]
-    p.queue.inq[:] = [rnd.random() < 0.5 for _ in range(n)]
+    p.queued[:] = [rnd.random() < 0.5 for _ in range(n)]
     p.hmap.update({11: rnd.randrange(n), 12: rnd.randrange(-1, n)})
     p.held.update({"a": {b for b in range(n) if rnd.random() < 0.5}, "b": set()})
     p.count[:] = [rnd.randrange(4) for _ in p.count]
     return p
 
 
-def _probe_pools() -> list[BlockPool]:
+def _probe_pools() -> list[PoolStorage]:
     """The pools every compiled function is checked on before use."""
     return [scrambled_pool(seed, negative=seed == 3) for seed in range(4)]
 
@@ -392,7 +381,7 @@ def predicate_agrees(fn: Any, params: tuple[str, ...], code: Any) -> bool:
         ok = True
         try:
             for p in _probe_pools():
-                compiled = eval(code, p._namespace())
+                compiled = eval(code, p.namespace())
                 for combo in itertools.product(*(_PROBE_VALUES[x] for x in params)):
                     want = bool(fn(CONCRETE, p.view, **dict(zip(params, combo, strict=True))))
                     if bool(compiled(*combo)) != want:
@@ -419,7 +408,7 @@ def effect_agrees(t: Any, code: Any) -> bool:
     ok, params = True, t.params
     try:
         for pre, post_pool in zip(_probe_pools(), _probe_pools(), strict=True):
-            ns = pre._namespace()
+            ns = pre.namespace()
             exec(code[0], ns)
             for combo in itertools.product(*(_PROBE_VALUES[x] for x in params)):
                 kw = dict(zip(params, combo, strict=True))
@@ -431,8 +420,9 @@ def effect_agrees(t: Any, code: Any) -> bool:
                     ok = False
                     break
                 P = ns["predict"](*combo)
-                _apply(post_pool, pre, post, kw)
-                post_ns = post_pool._namespace()
+                post_pool.copy_from(pre)
+                post_pool.write(post, kw.get("r"), kw.get("b"))
+                post_ns = post_pool.namespace()
                 exec(code[0], post_ns)
                 if post_ns["check"](P, *combo) is not None:
                     ok = False
@@ -443,49 +433,3 @@ def effect_agrees(t: Any, code: Any) -> bool:
         ok = False
     _PROBE_CHECKED[key] = ok
     return ok
-
-
-def _apply(dst: BlockPool, pre: BlockPool, post: PoolState, kw: dict[str, Any]) -> None:
-    """dst := pre's arrays with the interpreted post-state's writes applied."""
-    for f in ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "count",
-              "clock"):
-        getattr(dst, f)[:] = getattr(pre, f)
-    dst.queue.inq[:] = pre.queue.inq
-    dst.inflight.clear()
-    dst.inflight.update(pre.inflight)
-    if isinstance(post.inflight, Overlay):
-        for L, v in post.inflight.changes().items():
-            if v:
-                dst.inflight.add(L)
-            else:
-                dst.inflight.discard(L)
-    dst.hmap.clear()
-    dst.hmap.update(pre.hmap)
-    dst.held.clear()
-    dst.held.update({r: set(bs) for r, bs in pre.held.items()})
-    for f in ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "count",
-              "queued", "clock"):
-        value = getattr(post, f)
-        if isinstance(value, Overlay):
-            arr = dst.queue.inq if f == "queued" else getattr(dst, f)
-            for k, v in value.changes().items():
-                arr[k] = v
-    if isinstance(post.hmap, Overlay):
-        for h, v in post.hmap.changes().items():
-            if v == NO_BLOCK:
-                dst.hmap.pop(h, None)
-            else:
-                dst.hmap[h] = v
-    r = kw.get("r")
-    if r is not None:
-        if not post.alive[r]:
-            dst.held.pop(r, None)
-        else:
-            dst.held.setdefault(r, set())
-            if "b" in kw:
-                if post.holds[r][kw["b"]]:
-                    dst.held[r].add(kw["b"])
-                else:
-                    dst.held[r].discard(kw["b"])
-
-

@@ -10,13 +10,12 @@ invariants are re-evaluated there: O(1) per touched block, never a pool scan.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from pagedkv.spec import (
-    ALL_STATES,
     ALLOCATED,
     BLOCK_FIELDS,
     CACHED,
@@ -24,14 +23,12 @@ from pagedkv.spec import (
     FREE,
     INVARIANTS,
     ISSUED,
-    NO_BLOCK,
     NO_HASH,
     PUBLISHED,
     RECLAIMED,
     REFERENCED,
     TRANSITIONS,
     WATERMARK,
-    Arr,
     Overlay,
     PoolState,
     Transition,
@@ -53,7 +50,7 @@ from .errors import (
     PendingAccess,
     PublishError,
 )
-from .lru import BlockQueue
+from .storage import PoolStorage
 from .table import MAX_COUNT, check_block_size, check_count
 
 MAX_BLOCKS = 2**31 - 1  # block ids are int32 in the tables handed to kernels
@@ -107,72 +104,7 @@ def clock_invariants() -> list[Any]:
             if inv.scope == "launch" or (inv.scope == "pool" and not _sums_over_pool(inv))]
 
 
-class _DefaultMap:
-    """Read-only ``m[k]`` over a dict with a default (the spec's total arrays)."""
-
-    __slots__ = ("_d", "_default")
-
-    def __init__(self, d: dict[Any, Any], default: Any) -> None:
-        self._d = d
-        self._default = default
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._d.get(key, self._default)
-
-
-class _HeldBy:
-    __slots__ = ("_blocks",)
-
-    def __init__(self, blocks: set[int] | None) -> None:
-        self._blocks = blocks
-
-    def __getitem__(self, b: Any) -> bool:
-        return self._blocks is not None and b in self._blocks
-
-
-class _Holds:
-    __slots__ = ("_held",)
-
-    def __init__(self, held: dict[Hashable, set[int]]) -> None:
-        self._held = held
-
-    def __getitem__(self, r: Any) -> _HeldBy:
-        return _HeldBy(self._held.get(r))
-
-
-class _Alive:
-    __slots__ = ("_held",)
-
-    def __init__(self, held: dict[Hashable, set[int]]) -> None:
-        self._held = held
-
-    def __getitem__(self, r: Any) -> bool:
-        return r in self._held
-
-
-class _NHeld(_Alive):
-    def __getitem__(self, r: Any) -> int:
-        blocks = self._held.get(r)
-        return 0 if blocks is None else len(blocks)
-
-
-class _InFlight:
-    """Read-only ``inflight[L]`` over the set of launch numbers in flight; ``items()`` yields
-    ``(L, True)`` for each of them (what ``spec.check.launch_ids`` enumerates)."""
-
-    __slots__ = ("_launches",)
-
-    def __init__(self, launches: set[int]) -> None:
-        self._launches = launches
-
-    def __getitem__(self, L: Any) -> bool:
-        return L in self._launches
-
-    def items(self) -> Iterator[tuple[int, bool]]:
-        return ((L, True) for L in sorted(self._launches))
-
-
-class BlockPool:
+class BlockPool(PoolStorage):
     """Physical blocks, their lifecycle states, the eviction queue and the prefix-hash map."""
 
     def __init__(self, num_blocks: int, block_size: int, *, checked: bool = True,
@@ -194,28 +126,8 @@ class BlockPool:
             raise InvalidArgument(f"checked must be a bool, got {type(checked).__name__}")
         checked = bool(checked)
         self.spec: Mapping[str, Transition] = TRANSITIONS if spec is None else spec
-        n = num_blocks
-        self.num_blocks = n
-        self.block_size = block_size
+        super().__init__(num_blocks, block_size)
         self.checked = checked
-        self.state = [FREE] * n
-        self.ref = [0] * n
-        # The launch clock when the block's last holder let it go (spec ``retire``).
-        self.retire = [0] * n
-        self.wpend = [0] * n
-        self.filled = [0] * n
-        self.gen = [0] * n
-        self.init = [False] * n
-        self.hash = [NO_HASH] * n
-        self.hmap: dict[int, int] = {}
-        self.held: dict[Hashable, set[int]] = {}
-        self.count = [0] * len(ALL_STATES)
-        self.count[FREE] = n
-        self.queue = BlockQueue(n)
-        # Launch numbers in flight (spec ``inflight[L]``); ``clock[ISSUED]``: launches published
-        # so far (the next number), ``clock[WATERMARK]``: every launch below it has completed.
-        self.inflight: set[int] = set()
-        self.clock = [0, 0]
         # (stamp, b) each time a block is retired above the watermark; stamps never decrease
         # (FIFO). Drained as the watermark passes them: see ``_drain``.
         self.retire_queue: deque[tuple[int, int]] = deque()
@@ -236,39 +148,10 @@ class BlockPool:
         self._invs: list[tuple[str, str, Any]] | None = None
         self._clock_invs: list[tuple[str, str, Any]] | None = None
         self._all_invariants_hold: Any = None
-        self.view = PoolState(
-            state=self.state,
-            ref=self.ref,
-            retire=self.retire,
-            wpend=self.wpend,
-            filled=self.filled,
-            gen=self.gen,
-            init=self.init,
-            hash=self.hash,
-            queued=self.queue.inq,
-            hmap=_DefaultMap(self.hmap, NO_BLOCK),
-            holds=_Holds(self.held),
-            alive=_Alive(self.held),
-            nheld=_NHeld(self.held),
-            count=self.count,
-            inflight=_InFlight(self.inflight),
-            clock=self.clock,
-            block_size=block_size,
-            num_blocks=n,
-            block_ids=range(n),  # type: ignore[arg-type]
-            holder_ids=self.held.keys(),  # type: ignore[arg-type]
-        )
 
     # ---- the guard/effect protocol ------------------------------------------------------------
     def _namespace(self) -> dict[str, Any]:
-        return {
-            "state": self.state, "ref": self.ref, "retire": self.retire, "wpend": self.wpend,
-            "filled": self.filled, "gen": self.gen, "init": self.init, "hash": self.hash,
-            "queued": self.queue.inq, "count": self.count, "hmap": self.hmap, "held": self.held,
-            "inflight": self.inflight, "clock": self.clock,
-            "block_size": self.block_size, "num_blocks": self.num_blocks,
-            "len": len, "bool": bool, "int": int, "sum": sum, "range": range,
-        }
+        return self.namespace()
 
     def _bind(self, name: str, t: Any) -> tuple[Any, ...]:
         """The spec's guard (and effect) of t, compiled for this pool, or interpreters."""
@@ -745,37 +628,6 @@ class BlockPool:
         return b
 
     # ---- abstraction and scans ---------------------------------------------------------------
-    def abstract(self) -> PoolState:
-        """The pool's state mapped to the spec's state (fresh concrete arrays)."""
-        n = self.num_blocks
-
-        def arr(values: Iterable[Any], default: Any) -> Arr:
-            return Arr(default, dict(enumerate(values)))
-
-        return PoolState(
-            state=arr(self.state, FREE),
-            ref=arr(self.ref, 0),
-            retire=arr(self.retire, 0),
-            wpend=arr(self.wpend, 0),
-            filled=arr(self.filled, 0),
-            gen=arr(self.gen, 0),
-            init=arr(self.init, False),
-            hash=arr(self.hash, NO_HASH),
-            queued=arr(self.queue.inq, False),
-            hmap=Arr(NO_BLOCK, dict(self.hmap)),
-            holds=Arr(Arr(False), {r: Arr(False, dict.fromkeys(bs, True))
-                                   for r, bs in self.held.items()}),
-            alive=Arr(False, dict.fromkeys(self.held, True)),
-            nheld=Arr(0, {r: len(bs) for r, bs in self.held.items()}),
-            count=arr(self.count, 0),
-            inflight=Arr(False, dict.fromkeys(self.inflight, True)),
-            clock=Arr(0, {ISSUED: self.clock[ISSUED], WATERMARK: self.clock[WATERMARK]}),
-            block_size=self.block_size,
-            num_blocks=n,
-            block_ids=tuple(range(n)),
-            holder_ids=tuple(self.held),
-        )
-
     def structure_errors(self) -> list[tuple[str, str]]:
         """Implementation facts the spec abstracts away (queue links, the busy counter, the
         retire queue)."""

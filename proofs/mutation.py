@@ -98,6 +98,14 @@ TARGETS = (
                                 "advance_watermark", "_drain", "busy", "rewind", "commit",
                                 "share", "release", "evict", "recycle", "_invalidate",
                                 "_recycle_if_safe", "usable", "waiting", "take", "lookup"})),
+    # the one mapping of storage onto the spec's pool state: views, abstract(), write-back
+    Target("allocator/storage.py", "pagedkv.allocator.storage", "allocator",
+           functions=frozenset({"__getitem__", "items", "_view_of", "_plain", "__init__",
+                                "abstract"})),
+    # the request records as the spec's request-layer state
+    Target("allocator/request_view.py", "pagedkv.allocator.request_view", "allocator"),
+    # what each allocator call means: its program of request transitions
+    Target("spec/calls.py", "pagedkv.spec.calls", "spec", delete_statements=False),
     Target("allocator/lru.py", "pagedkv.allocator.lru", "allocator"),
     Target("allocator/hashing.py", "pagedkv.allocator.hashing", "allocator"),
     # the whole request layer: argument checks, prefix hits, room planning, every public
@@ -153,7 +161,7 @@ EQUIVALENT: dict[str, str] = {
     "self._prev = [n] + list(range(0, n + 1)) + [n - 1]": _PREV_INIT,
     "allocator/lru.py:__init__:int-1:self._prev = [n] + list(range(0, n - 1)) + [n - 1] -> "
     "self._prev = [n] + list(range(0, n - 0)) + [n - 1]": _PREV_INIT,
-    "allocator/pool.py:__getitem__:int+1:return 0 if blocks is None else len(blocks) -> "
+    "allocator/storage.py:__getitem__:int+1:return 0 if blocks is None else len(blocks) -> "
     "return 1 if blocks is None else len(blocks)":
         "the view's nheld of a holder that does not exist: read only by close_holder's "
         "interpreted guard, next to alive[r], which is False for it",

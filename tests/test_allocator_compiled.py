@@ -31,7 +31,7 @@ def test_compiled_predicate_agrees_with_the_spec(label, fn, params):
     assert predicate_agrees(fn, params, code)
     for seed in range(100, 130):
         pool = scrambled_pool(seed, 5, negative=True)
-        compiled = eval(code, pool._namespace())  # noqa: S307 - our own generated source
+        compiled = eval(code, pool.namespace())  # noqa: S307 - our own generated source
         for combo in itertools.product(*(VALUES[p] for p in params)):
             want = bool(fn(CONCRETE, pool.view, **dict(zip(params, combo, strict=True))))
             assert bool(compiled(*combo)) == want, (label, seed, combo)
