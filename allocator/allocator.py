@@ -65,6 +65,7 @@ def _locked(method: _F) -> _F:
 
     return run  # type: ignore[return-value]
 
+
 def _confirmed(call: str) -> Callable[[_F], _F]:
     """The method's refusals (``OutOfBlocks``, ``CommitError``) are confirmed by the spec at
     run time: the call's program (``spec.calls``) is run on ``spec_view`` and must not run

@@ -150,15 +150,12 @@ class BlockPool(PoolStorage):
         self._all_invariants_hold: Any = None
 
     # ---- the guard/effect protocol ------------------------------------------------------------
-    def _namespace(self) -> dict[str, Any]:
-        return self.namespace()
-
     def _bind(self, name: str, t: Any) -> tuple[Any, ...]:
         """The spec's guard (and effect) of t, compiled for this pool, or interpreters."""
         view, params = self.view, t.params
         guard = predict = check = touched = written = None
         if self.compile_spec:
-            ns = self._namespace()
+            ns = self.namespace()
             code = predicate_code(t.guard, params, f"guard {name}")
             if code is not None and predicate_agrees(t.guard, params, code):
                 guard = eval(code, ns)
@@ -280,7 +277,7 @@ class BlockPool(PoolStorage):
             code = (predicate_code(inv.pred, params, f"invariant {inv.name}")
                     if self.compile_spec else None)
             if code is not None and predicate_agrees(inv.pred, params, code):
-                fn = eval(code, self._namespace())
+                fn = eval(code, self.namespace())
             else:
                 def fn(*x: Any, _p: Any = inv.pred) -> Any:
                     return _p(CONCRETE, self.view, *x)
@@ -312,7 +309,7 @@ class BlockPool(PoolStorage):
             code = (predicate_code(inv.pred, (param,), f"invariant {inv.name}")
                     if self.compile_spec else None)
             if code is not None and predicate_agrees(inv.pred, (param,), code):
-                fn = eval(code, self._namespace())
+                fn = eval(code, self.namespace())
                 body = predicate_source(inv.pred, (param,))
                 bodies.append(body if param == "b" else f"(lambda h: {body})(hash[b])")
             else:
@@ -323,7 +320,7 @@ class BlockPool(PoolStorage):
         if bodies and None not in bodies:
             src = "lambda b: " + " and ".join(f"({body})" for body in bodies)
             fused = compile(src, "<spec local invariants, compiled>", "eval")
-            self._all_invariants_hold = eval(fused, self._namespace())
+            self._all_invariants_hold = eval(fused, self.namespace())
         return out
 
     def _verify_interpreted(self, name: str, predicted: PoolState, **params: Any) -> None:

@@ -77,7 +77,11 @@ class _Members:
         return k in self._members
 
     def items(self) -> Iterator[tuple[Any, bool]]:
-        return ((k, True) for k in sorted(self._members))
+        try:
+            keys = sorted(self._members)
+        except TypeError:  # holder ids of mixed types: any order
+            keys = list(self._members)
+        return ((k, True) for k in keys)
 
 
 class _HeldBy:
