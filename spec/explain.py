@@ -161,18 +161,26 @@ class _Words:
         return f"{self.term(node)} must be {not negated}"
 
 
+def _prelude_env(fn: Callable[..., Any], prelude: list[ast.stmt], s: Any,
+                 params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, ast.expr]]:
+    """The names a function's conditions read: its globals, the parameters, ``ops`` and ``s``,
+    and what the statements before its conditions bind (each ``x = ...`` also as source)."""
+    env: dict[str, Any] = dict(fn.__globals__)
+    env.update(params, ops=CONCRETE, s=s)
+    local_defs: dict[str, ast.expr] = {}
+    for stmt in prelude:
+        exec(compile(ast.Module([stmt], []), "<spec>", "exec"), env)
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)):
+            local_defs[stmt.targets[0].id] = stmt.value
+    return env, local_defs
+
+
 def failed_conditions(guard: Callable[..., Any], s: Any, **params: Any) -> list[str]:
     """The conjuncts of ``guard`` that are false on concrete state ``s``, in words."""
     out: list[str] = []
     for prelude, parts in _conjuncts(guard):
-        env: dict[str, Any] = dict(guard.__globals__)
-        env.update(params, ops=CONCRETE, s=s)
-        local_defs: dict[str, ast.expr] = {}
-        for stmt in prelude:
-            exec(compile(ast.Module([stmt], []), "<guard>", "exec"), env)
-            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                    and isinstance(stmt.targets[0], ast.Name)):
-                local_defs[stmt.targets[0].id] = stmt.value
+        env, local_defs = _prelude_env(guard, prelude, s, params)
         words = _Words(env, params, local_defs)
         for part in parts:
             if isinstance(part, ast.Starred):
@@ -329,25 +337,12 @@ def _plan_conditions(fn: Callable[..., Any]
     return [], []
 
 
-def _table_env(fn: Callable[..., Any], prelude: list[ast.stmt], s: Any,
-               params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, ast.expr]]:
-    env: dict[str, Any] = dict(fn.__globals__)
-    env.update(params, ops=CONCRETE, s=s)
-    local_defs: dict[str, ast.expr] = {}
-    for stmt in prelude:
-        exec(compile(ast.Module([stmt], []), "<plan>", "exec"), env)
-        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Name)):
-            local_defs[stmt.targets[0].id] = stmt.value
-    return env, local_defs
-
-
 def failed_table_conditions(plan: Callable[..., Any], s: Any, **params: Any) -> list[str]:
     """The table conditions of a request transition's plan (or of a helper returning a list
     of them) that are false on concrete state ``s``, in words; its pool steps' guards are
     ``failed_conditions``'s."""
     prelude, conds = _plan_conditions(plan)
-    env, local_defs = _table_env(plan, prelude, s, params)
+    env, local_defs = _prelude_env(plan, prelude, s, params)
     words = _TableWords(env, params, local_defs)
     out: list[str] = []
     for node, helper in conds:
