@@ -21,7 +21,7 @@ verify-quick: $(STAMP)
 	$(BIN)/pagedkv verify --quick
 
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q
+	NUMBA_ENABLE_CUDASIM=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -n 2
 	$(BIN)/ruff check .
 
 bench: $(STAMP)

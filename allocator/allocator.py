@@ -50,7 +50,8 @@ from .hashing import block_hash, encode_tokens, normalize_extra_keys
 from .launch import Launch, LaunchAlreadyCompleted
 from .pool import BlockPool
 from .request_view import materialize, request_view
-from .table import blocks_needed, check_count, slot_mapping, writes_per_block
+from .table import blocks_needed, check_count, writes_per_block
+from .table_rows import TableRows
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -105,6 +106,7 @@ class _Request:
     issued: int = 0  # positions a launch has been issued to write
     published: int = 0  # leading table entries already published (later ones: ALLOCATED/hits)
     computed: int = 0  # positions committed (written by completed launches)
+    row: int = -1  # its row in the allocator's TableRows
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,17 @@ def _check_tokens(token_ids: Iterable[int]) -> list[int]:
     return tokens
 
 
+def _slots(tables: np.ndarray, block_size: int, starts: Sequence[int],
+           counts: np.ndarray) -> np.ndarray:
+    """int64 slots (``block * B + offset``) of positions ``starts[k] ..`` (``counts[k]`` of
+    them) of each row ``k`` of ``tables``, in row order: the launch's slot mapping."""
+    total = int(counts.sum())
+    row = np.repeat(np.arange(len(counts)), counts)
+    first = np.cumsum(counts) - counts  # where each row's positions begin in the output
+    pos = np.arange(total) - np.repeat(first - np.asarray(starts, dtype=np.int64), counts)
+    return tables[row, pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
 class BlockAllocator:
     """A verified paged KV-cache block allocator.
 
@@ -180,6 +193,7 @@ class BlockAllocator:
         self.checked = bool(checked)
         self._lock = threading.RLock()
         self._requests: dict[Hashable, _Request] = {}
+        self._rows = TableRows()  # the tables again, as int32 rows for launches
         self._inflight: dict[int, Launch] = {}  # by Launch.seq, the spec's launch number
         self._prefix_hit_tokens = 0
         # Kept exact on every change, so stats() costs O(1) whatever the number of requests.
@@ -216,6 +230,7 @@ class BlockAllocator:
         req = _Request(rid, tokens, cache_salt, extra)
         self._extend_hashes(req)
         self.pool.open_holder(rid)
+        req.row = self._rows.open()
         self._requests[rid] = req
         return len(self._hits(req)) * self.block_size
 
@@ -354,6 +369,7 @@ class BlockAllocator:
         need = blocks_needed(reserved, B) - len(req.table) - len(hits)
         pool = self.pool
         self._reclaim_launches(self._plan_room(need, hits))
+        start = len(req.table)
         for b in hits:
             pool.share(b, rid)
             req.table.append(b)
@@ -362,6 +378,7 @@ class BlockAllocator:
             self._prefix_hit_tokens += req.computed
         for _ in range(need):
             req.table.append(pool.take(rid))
+        self._put_rows(req, start)
         self._reserved_total += reserved - req.reserved
         self._entries_total += need + len(hits)
         req.reserved = reserved
@@ -462,6 +479,7 @@ class BlockAllocator:
             pool.rewind(tail, rid, num_tokens - (keep - 1) * B)
         self._entries_total -= len(req.table) - keep
         self._reserved_total -= req.reserved - num_tokens
+        self._rows.cut(req.row, keep, len(req.table))
         del req.table[keep:]
         del req.tokens[num_tokens:]
         del req.hashes[num_tokens // B:]
@@ -503,8 +521,9 @@ class BlockAllocator:
                 pool.share(b, child)
         c = _Request(
             child, list(p.tokens), p.salt, p.extra_keys, list(p.hashes),
-            table, p.reserved, p.issued, p.published, p.computed,
+            table, p.reserved, p.issued, p.published, p.computed, self._rows.open(),
         )
+        self._put_rows(c, 0)
         self._requests[child] = c
         self._reserved_total += c.reserved
         self._entries_total += len(c.table)
@@ -520,6 +539,7 @@ class BlockAllocator:
         for b in reversed(req.table):
             self.pool.release(b, rid)
         self.pool.close_holder(rid)
+        self._rows.close(req.row, len(req.table))
         del self._requests[rid]
         self._reserved_total -= req.reserved
         self._entries_total -= len(req.table)
@@ -585,6 +605,7 @@ class BlockAllocator:
                 dst = pool.take(req.rid)
                 pool.publish(dst, req.rid)
                 req.table[i] = dst
+                self._put_rows(req, i, i + 1)
                 sources.append((req.rid, src))
                 copies.append((src, dst))
                 copied.add(dst)
@@ -602,8 +623,8 @@ class BlockAllocator:
         for rid, src in sources:
             pool.release(src, rid)
         written: list[int] = []
-        tables, gens, slots = [], [], []
-        seq_lens, query_lens = [], []
+        starts = [req.issued for req in reqs]
+        seq_lens = [req.reserved for req in reqs]
         for req in reqs:
             for i, w in writes_per_block(B, req.issued, req.reserved).items():
                 b = req.table[i]
@@ -611,24 +632,16 @@ class BlockAllocator:
                     w += req.issued % B  # the copy writes the shared slots too
                 pool.begin_write(b, req.rid, w)
                 written.append(b)
-            slots.extend(slot_mapping(req.table, B, req.issued, req.reserved))
-            tables.append(req.table)
-            gens.append([pool.gen[b] for b in req.table])
-            seq_lens.append(req.reserved)
-            query_lens.append(req.reserved - req.issued)
             req.issued = req.reserved
-        width = max(len(t) for t in tables)
-        bt = np.full((len(rids), width), -1, dtype=np.int32)
-        tg = np.full((len(rids), width), -1, dtype=np.int32)
-        for k, (t, g) in enumerate(zip(tables, gens, strict=True)):
-            bt[k, : len(t)] = t
-            tg[k, : len(g)] = g
+        bt, tg = self._rows.take([req.row for req in reqs], max(len(r.table) for r in reqs))
+        lens = np.asarray(seq_lens, dtype=np.int32)
+        query_lens = lens - np.asarray(starts, dtype=np.int32)
         launch = Launch(
             rids=rids,
             block_tables=bt,
-            seq_lens=np.asarray(seq_lens, dtype=np.int32),
-            query_lens=np.asarray(query_lens, dtype=np.int32),
-            slot_mapping=np.asarray(slots, dtype=np.int64),
+            seq_lens=lens,
+            query_lens=query_lens,
+            slot_mapping=_slots(bt, B, starts, query_lens),
             table_generations=tg,
             copies=np.asarray(copies, dtype=np.int32).reshape(-1, 2),
             writes=tuple(written),
@@ -639,6 +652,12 @@ class BlockAllocator:
         )
         self._inflight[L] = launch
         return launch
+
+    def _put_rows(self, req: _Request, start: int, stop: int | None = None) -> None:
+        """Copy table entries ``start .. stop - 1`` (default: to the end) into the rows."""
+        blocks = req.table[start:stop]
+        gen = self.pool.gen
+        self._rows.put(req.row, start, blocks, [gen[b] for b in blocks])
 
     def _complete(self, launch: Launch, strict: bool) -> None:
         """End the launch's writes and the launch (spec: end_write each, complete), then move
@@ -802,6 +821,10 @@ class BlockAllocator:
         """Scan everything; raise InvariantViolation naming the first invariant that fails."""
         a = self.abstract()
         found = violations(a.pool, a.requests) + self.pool.structure_errors()
+        gen = self.pool.gen
+        found += [("table_covers_reserved", f"the launch rows of {r.rid!r} differ from its table")
+                  for r in self._requests.values()
+                  if self._rows.mismatches(r.row, r.table, [gen[b] for b in r.table])]
         reserved = sum(r.reserved for r in self._requests.values())
         entries = sum(len(r.table) for r in self._requests.values())
         if (reserved, entries) != (self._reserved_total, self._entries_total):

@@ -11,9 +11,12 @@ what vLLM 0.33.0's Scheduler does with its KVCacheManager, on pagedkv's manager:
 - ``allocate``: ``allocate_slots`` (admission: with the lookup's blocks,
   ``full_sequence_must_fit=True``, ``has_scheduled_reqs``; then RUNNING, computed = hits,
   ``record_prefix_cache_stats``);
-- ``commit(rid, n)``: the step ran. The driver models it as one launch per request:
-  ``publish([req])``, ``complete(launch)`` — that is when the full blocks written become
-  prefix hits — then ``num_computed_tokens = n``;
+- ``commit(rid, n)``: the step ran. The driver models a step as one launch, as an engine's
+  model runner does: the step's first ``commit`` publishes every request allocated since
+  ``step()`` (and not preempted or freed since) in one ``publish(requests)`` and completes it
+  (``complete(launch)``: that is when the full blocks written become prefix hits); each
+  commit then sets ``num_computed_tokens = n``. A commit of a request that no launch of this
+  step covers publishes it alone;
 - ``append`` / ``preempt`` / ``free``: ``append_token`` / ``preempt`` / ``free``.
 """
 
@@ -48,6 +51,8 @@ class PagedKVDriver:
         self.requests: dict[Any, EngineRequest] = {}
         self._pending: dict[Any, tuple[KVCacheBlocks, int]] = {}
         self._num_running = 0
+        self._scheduled: dict[Any, EngineRequest] = {}  # allocated this step, not launched yet
+        self._launched: set[Any] = set()  # covered by this step's launch
         self._stats = dict(lookups=0, requests=0, queries=0, hits=0,
                            preempted_requests=0, preempted_queries=0, preempted_hits=0)
 
@@ -77,7 +82,10 @@ class PagedKVDriver:
         m = self.manager
         if req.status == RequestStatus.RUNNING:
             new = m.allocate_slots(req, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
-            return None if new is None else list(new.block_ids)
+            if new is None:
+                return None
+            self._schedule(rid, req)
+            return list(new.block_ids)
         pending = self._pending.pop(rid, None)
         if pending is None:
             raise RuntimeError(f"request {rid!r} is waiting: call add({rid!r}) right before "
@@ -92,6 +100,7 @@ class PagedKVDriver:
                                has_scheduled_reqs=has_scheduled_reqs)
         if new is None:
             return None
+        self._schedule(rid, req)
         m.record_prefix_cache_stats(req, hits)
         s = self._stats
         pre = "preempted_" if req.num_preemptions > 0 else ""
@@ -103,6 +112,10 @@ class PagedKVDriver:
         self._num_running += 1
         return list(new.block_ids)
 
+    def _schedule(self, rid: Any, req: EngineRequest) -> None:
+        self._scheduled[rid] = req
+        self._launched.discard(rid)  # positions allocated after the launch need another
+
     def commit(self, rid: Any, num_computed_tokens: int, *, cache: bool = False) -> None:
         req = self.requests[rid]
         if req.status != RequestStatus.RUNNING:
@@ -113,8 +126,14 @@ class PagedKVDriver:
             raise ValueError(f"request {rid!r}: cannot commit {num_computed_tokens} tokens "
                              f"(computed {req.num_computed_tokens}, tokens {req.num_tokens}, "
                              f"allocated {reserved})")
-        if num_computed_tokens > req.num_computed_tokens:
-            m.complete(m.publish([req]))
+        if num_computed_tokens > req.num_computed_tokens and rid not in self._launched:
+            if rid in self._scheduled:
+                batch = list(self._scheduled.values())
+                self._launched.update(self._scheduled)
+                self._scheduled.clear()
+            else:
+                batch = [req]
+            m.complete(m.publish(batch))
         req.num_computed_tokens = num_computed_tokens
         if cache:
             m.cache_blocks(req, num_computed_tokens)
@@ -127,17 +146,23 @@ class PagedKVDriver:
         if req.status != RequestStatus.RUNNING:
             raise ValueError(f"request {rid!r} is not running")
         self.manager.preempt(req)
+        self._scheduled.pop(rid, None)
+        self._launched.discard(rid)
         self._num_running -= 1
 
     def free(self, rid: Any) -> None:
         req = self.requests.pop(rid)
         self._pending.pop(rid, None)
+        self._scheduled.pop(rid, None)
+        self._launched.discard(rid)
         if req.status == RequestStatus.RUNNING:
             self._num_running -= 1
         req.status = RequestStatus.FINISHED_LENGTH_CAPPED
         self.manager.free(req)
 
     def step(self) -> None:
+        self._scheduled.clear()
+        self._launched.clear()
         self.manager.new_step_starts()
 
     # -- observation -----------------------------------------------------------------------

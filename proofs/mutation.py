@@ -241,9 +241,6 @@ EQUIVALENT: dict[str, str] = {
     "-> if not keys or set(map(type, keys)) < _PLAIN_KEY_TYPES:":
         "keys of all three plain types then go through _canonical_key, which returns a plain "
         "key as is: an equal tuple",
-    "allocator/allocator.py:publish:bool:for k, (t, g) in enumerate(zip(tables, gens, "
-    "strict=True)): -> for k, (t, g) in enumerate(zip(tables, gens, strict=False)):":
-        "tables and gens get one entry each per request in the same loop iteration",
 }
 
 

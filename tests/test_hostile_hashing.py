@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from stable_ids import stable_id
 
 from pagedkv.allocator import InvalidArgument
 from pagedkv.allocator.errors import AllocatorError
@@ -43,18 +44,18 @@ BAD_PARENTS = [-1, 2**256, 2**300, -(2**256), "0", 0.0, 1.5, float("nan"), None,
                np.bool_(True), b"\x00", [0], np.float64(3.0)]
 
 
-@pytest.mark.parametrize("parent", BAD_PARENTS, ids=repr)
+@pytest.mark.parametrize("parent", BAD_PARENTS, ids=stable_id)
 def test_block_hash_refuses_bad_parent(parent):
     _refused(block_hash, parent, TOKS)
 
 
-@pytest.mark.parametrize("parent", BAD_PARENTS, ids=repr)
+@pytest.mark.parametrize("parent", BAD_PARENTS, ids=stable_id)
 def test_chain_hashes_refuses_bad_parent(parent):
     _refused(chain_hashes, TOKS, 2, parent=parent)
 
 
 @pytest.mark.parametrize("parent", [np.int64(7), np.uint64(7), np.int8(7), np.int32(7)],
-                         ids=repr)
+                         ids=stable_id)
 def test_numpy_integer_parent_is_accepted_as_its_int(parent):
     assert block_hash(parent, TOKS) == block_hash(7, TOKS)
     assert chain_hashes(TOKS, 2, parent=parent) == chain_hashes(TOKS, 2, parent=7)
@@ -75,7 +76,7 @@ BAD_TOKENS = [
 ]
 
 
-@pytest.mark.parametrize("tokens", BAD_TOKENS, ids=repr)
+@pytest.mark.parametrize("tokens", BAD_TOKENS, ids=stable_id)
 def test_bad_token_ids_are_refused_everywhere(tokens):
     _refused(encode_tokens, tokens)
     _refused(block_hash, 0, tokens)
@@ -86,7 +87,7 @@ def test_bad_token_ids_are_refused_everywhere(tokens):
     np.array([1, 2, 3, 4], dtype=np.int64), np.array([1, 2, 3, 4], dtype=np.int32),
     np.array([1, 2, 3, 4], dtype=np.uint16), [np.int64(1), 2, np.int8(3), np.uint32(4)],
     (1, 2, 3, 4), range(1, 5),
-], ids=repr)
+], ids=stable_id)
 def test_numpy_and_other_integer_sequences_hash_like_plain_ints(tokens):
     assert encode_tokens(tokens) == encode_tokens(TOKS)
     assert block_hash(0, tokens) == block_hash(0, TOKS)
@@ -103,13 +104,13 @@ def test_int64_edges_are_accepted():
 
 @pytest.mark.parametrize("bs", [0, -1, -(2**70), True, False, 1.0, 2.5, float("nan"),
                                 float("inf"), "2", None, np.float64(2.0), np.bool_(True)],
-                         ids=repr)
+                         ids=stable_id)
 def test_chain_hashes_refuses_bad_block_size(bs):
     _refused(chain_hashes, TOKS, bs)
 
 
 @pytest.mark.parametrize("start", [-1, -(2**70), True, 1.0, float("nan"), "1", None,
-                                   np.bool_(False)], ids=repr)
+                                   np.bool_(False)], ids=stable_id)
 def test_chain_hashes_refuses_bad_start(start):
     _refused(chain_hashes, TOKS, 2, start=start)
 
@@ -134,7 +135,7 @@ def test_chain_hashes_checks_everything_even_with_no_full_block():
 # ---- salt ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("salt", [5, 0, True, 1.5, bytearray(b"s"), memoryview(b"s"), ["s"],
-                                  ("s",), np.int64(3), "\ud800"], ids=repr)
+                                  ("s",), np.int64(3), "\ud800"], ids=stable_id)
 def test_bad_salt_is_refused(salt):
     _refused(block_hash, 0, TOKS, salt=salt)
     _refused(chain_hashes, TOKS, 2, salt=salt)
@@ -152,7 +153,7 @@ BAD_CONTAINERS = ["lora", "", b"lora", bytearray(b"lo"), memoryview(b"lo"), None
                   {"a", "b"}, frozenset({"a"})]
 
 
-@pytest.mark.parametrize("keys", BAD_CONTAINERS, ids=repr)
+@pytest.mark.parametrize("keys", BAD_CONTAINERS, ids=stable_id)
 def test_bare_or_unordered_key_containers_are_refused(keys):
     _refused(normalize_extra_keys, keys)
     _refused(block_hash, 0, TOKS, keys)
@@ -163,7 +164,7 @@ BAD_KEYS = [True, False, np.bool_(True), 1.5, float("nan"), np.float64(1.0), Non
             ["a"], bytearray(b"a"), object(), "\udc80"]
 
 
-@pytest.mark.parametrize("key", BAD_KEYS, ids=repr)
+@pytest.mark.parametrize("key", BAD_KEYS, ids=stable_id)
 def test_bad_keys_are_refused(key):
     _refused(encode_extra_key, key)
     _refused(normalize_extra_keys, ["ok", key])
@@ -212,7 +213,7 @@ COLLIDING_BEFORE_FRAMING = [
 ]
 
 
-@pytest.mark.parametrize("group", COLLIDING_BEFORE_FRAMING, ids=repr)
+@pytest.mark.parametrize("group", COLLIDING_BEFORE_FRAMING, ids=stable_id)
 def test_differently_typed_key_lists_never_collide(group):
     hashes = {block_hash(0, TOKS, keys) for keys in group}
     assert len(hashes) == len(group)

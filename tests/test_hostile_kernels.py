@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from stable_ids import stable_id
 
 from pagedkv.kernels import (
     KernelConfig,
@@ -446,7 +447,7 @@ def test_pool_refuses_a_pool_too_large_to_allocate():
         KVCachePool(2**20, 2**20, 2**10, 2**10, 2**10, torch.float32)
 
 
-@pytest.mark.parametrize("conv", [np.int64, np.int32, np.uint8, int], ids=repr)
+@pytest.mark.parametrize("conv", [np.int64, np.int32, np.uint8, int], ids=stable_id)
 def test_pool_accepts_numpy_int_sizes(conv):
     pool = KVCachePool(*map(conv, POOL_ARGS), torch.float32)
     got = (pool.num_layers, pool.num_blocks, pool.block_size, pool.num_kv_heads, pool.head_dim)
@@ -456,7 +457,7 @@ def test_pool_accepts_numpy_int_sizes(conv):
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float64, torch.bool, "float64", "int8",
                                    "nonsense", "", None, np.float64, np.int32, float, int, 5,
-                                   [1], np.array([1, 2])], ids=repr)
+                                   [1], np.array([1, 2])], ids=stable_id)
 def test_pool_refuses_bad_dtype(dtype):
     with pytest.raises(KernelTypeError):
         KVCachePool(*POOL_ARGS, dtype)
@@ -465,13 +466,13 @@ def test_pool_refuses_bad_dtype(dtype):
 @pytest.mark.parametrize("dtype, want", [(np.float16, torch.float16),
                                          (np.dtype("float32"), torch.float32),
                                          ("BF16", torch.bfloat16), ("half", torch.float16)],
-                         ids=repr)
+                         ids=stable_id)
 def test_pool_accepts_dtype_spellings(dtype, want):
     assert KVCachePool(*POOL_ARGS, dtype).dtype == want
 
 
 @pytest.mark.parametrize("device, err", [("nonsense", DE), ("cuda:99", DE), (5, TE),
-                                         (None, TE), (1.5, TE)], ids=repr)
+                                         (None, TE), (1.5, TE)], ids=stable_id)
 def test_pool_refuses_bad_device(device, err):
     with pytest.raises(err):
         KVCachePool(*POOL_ARGS, torch.float32, device=device)
@@ -493,7 +494,7 @@ def _pool_refused(pool, fn, err):
 
 @pytest.mark.parametrize("i, err", [(True, TE), (1.0, TE), ("0", TE), (None, TE),
                                     (np.bool_(False), TE), (-1, IE), (2, IE), (2**70, IE)],
-                         ids=repr)
+                         ids=stable_id)
 def test_pool_layer_refuses(i, err):
     _pool_refused(_pool(), lambda p: p.layer(i), err)
 
@@ -506,7 +507,7 @@ def test_pool_layer_accepts_numpy_ints():
 
 
 @pytest.mark.parametrize("value, err", [("x", TE), (None, TE), (True, TE), (np.bool_(True), TE),
-                                        (1j, TE), ([1.0], TE), (10**400, IE)], ids=repr)
+                                        (1j, TE), ([1.0], TE), (10**400, IE)], ids=stable_id)
 def test_pool_fill_refuses(value, err):
     _pool_refused(_pool(), lambda p: p.fill_(value), err)
     _pool_refused(_pool(), lambda p: p.fill_blocks_([0], value), err)
@@ -521,13 +522,13 @@ def test_pool_fill_refuses_a_value_float16_cannot_hold():
     ([1.5], TE), ([True], TE), (np.array([1.0]), TE), ("0", TE), (b"\x00", TE), (None, TE),
     ([0, "a"], TE), ([[0], [1, 2]], TE), (torch.tensor([0.5]), TE), ([[0, 1]], IE),
     ([4], IE), ([-1], IE), ([2**70], IE), ([-1, 2**63], TE), (np.array([2**64 - 1]), IE),
-], ids=repr)
+], ids=stable_id)
 def test_pool_fill_blocks_refuses_bad_ids(ids, err):
     _pool_refused(_pool(), lambda p: p.fill_blocks_(ids, 0.0), err)
 
 
 @pytest.mark.parametrize("ids", [np.int64(2), np.array([2], np.uint8), torch.tensor([2]), [2],
-                                 range(2, 3), np.array([2], dtype=object)], ids=repr)
+                                 range(2, 3), np.array([2], dtype=object)], ids=stable_id)
 def test_pool_fill_blocks_accepts_integer_ids(ids):
     pool, ref = _pool(), _pool()
     pool.fill_blocks_(ids, np.float32(3.0))
@@ -542,7 +543,7 @@ def test_pool_fill_blocks_accepts_integer_ids(ids):
 @pytest.mark.parametrize("pairs, err", [([[0, 3]], TE), (None, TE), ("pairs", TE),
                                         (np.array([[0.0, 3.0]]), TE), (np.array([[0, 4]]), IE),
                                         (np.array([[1, 1]]), IE), (np.array([0, 3]), IE)],
-                         ids=repr)
+                         ids=stable_id)
 def test_pool_copy_blocks_refuses_and_changes_no_layer(pairs, err):
     _pool_refused(_pool(), lambda p: p.copy_blocks(pairs), err)
 

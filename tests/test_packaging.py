@@ -92,7 +92,7 @@ def test_extra_brings_what_it_should(extra):
 
 def test_dev_extra_is_everything_the_tests_need():
     names = {_name(r) for r in _expand("dev")}
-    assert names == set().union(*WANT.values()) | {"pytest", "ruff"}
+    assert names == set().union(*WANT.values()) | {"pytest", "pytest-xdist", "ruff"}
 
 
 def test_every_requirement_has_lower_and_upper_bound():

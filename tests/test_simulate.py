@@ -341,17 +341,17 @@ def test_an_off_by_one_slot_mapping_in_the_allocator_is_caught(monkeypatch):
     publish, not in the simulator)."""
     import pagedkv.allocator.allocator as allocator_mod
 
-    real = allocator_mod.slot_mapping
+    real = allocator_mod._slots
     planted = {"n": 0}
 
-    def off_by_one(table, B, start, stop):
-        out = list(real(table, B, start, stop))
-        if planted["n"] == 0 and stop - start >= 2:
+    def off_by_one(tables, B, starts, counts):
+        out = real(tables, B, starts, counts)
+        if planted["n"] == 0 and len(out) >= 2:
             planted["n"] = 1
-            out[0], out[1] = out[1], out[0]
+            out[[0, 1]] = out[[1, 0]]
         return out
 
-    monkeypatch.setattr(allocator_mod, "slot_mapping", off_by_one)
+    monkeypatch.setattr(allocator_mod, "_slots", off_by_one)
     rep = sim.simulate(small_workload(), sim.SimConfig(**SMALL_CFG, kv=True)).report
     assert planted["n"] == 1 and not rep["kv_check"]["passed"]
 
