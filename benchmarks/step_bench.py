@@ -11,9 +11,11 @@ is unpacked by the anchor's ``setup.sh`` under /tmp).
                                     [--budget 8192] [--max-running 256] [--no-caching]
                                     [--seed 0] [--json out.json]
 
-The pagedkv driver models each step as one launch per scheduled request (``publish`` then
-``complete``), so its ``commit`` includes publishing the block tables (pinning every block
-each launch reads) and completing the launch (caching the blocks it wrote).
+The pagedkv driver models each step as one launch of every request the step scheduled,
+published at the step's first ``commit`` and completed there, so ``commit`` includes the
+launch (block tables copied from the persistent rows, slot mapping, writes) and its
+completion (caching the full blocks it wrote); vLLM does that caching inside
+``allocate_slots``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from pagedkv.engine import (
     RequestStatus,
 )
 from pagedkv.engine import driver as pk_driver
+from pagedkv.spec import ISSUED
 
 B = 4
 
@@ -565,3 +566,28 @@ def test_driver_runs_the_scheduler_calls() -> None:
     d.free("c")
     assert d.num_free() == 9 and d.num_evictable() == 2 and d.usage() == 0.0
     assert d.prefix_stats()["hits"] == 8
+
+
+def test_driver_runs_one_launch_per_step() -> None:
+    """Every request allocated in a step is written by the step's one launch, published at
+    the step's first commit; a request allocated again after it gets a launch of its own."""
+    d = pk_driver.make(20, B)
+    alloc = d.manager.allocator
+    d.step()
+    for rid in ("a", "b", "c"):
+        d.add(rid, [ord(rid)] * 9)
+        d.allocate(rid, 9)
+    launches = alloc.pool.clock[ISSUED]
+    for rid in ("a", "b", "c"):
+        d.commit(rid, 9)
+    assert alloc.pool.clock[ISSUED] == launches + 1
+    assert all(alloc.num_computed(r) == 9 for r in "abc")  # one launch wrote all three
+    for rid in "abc":
+        d.append(rid, 1)
+    d.step()
+    d.allocate("a", 1)
+    d.commit("a", 10)
+    d.append("a", 2)
+    d.allocate("a", 1)  # allocated again after this step's launch
+    d.commit("a", 11)
+    assert alloc.pool.clock[ISSUED] == launches + 3 and alloc.num_computed("a") == 11
