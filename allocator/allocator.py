@@ -350,7 +350,8 @@ class BlockAllocator:
     @_confirmed("allocate")
     def allocate(self, rid: Hashable, num_tokens: int) -> list[int]:
         """Grow rid's table to cover ``num_tokens`` positions (spec: share for prefix hits on the
-        first call, then allocate — evicting LRU cached blocks as needed). All or nothing.
+        first call, then allocate — evicting LRU cached blocks as needed). All or nothing;
+        returns the whole table (``extend`` returns only what this call appended).
 
         A call on an empty table (the first) takes every prefix hit the cache has at that
         moment, whatever the first chunk: the table then covers at least the hit positions
@@ -358,31 +359,88 @@ class BlockAllocator:
         launches are reclaimed only when the call needs the blocks they release and goes
         ahead. The spec's program of this call is ``spec.calls.allocate``."""
         req = self._req(rid)
+        hits, reserved, need = self._growth(req, num_tokens)
+        self._reclaim_launches(self._plan_room(need, hits))
+        self._grow(req, hits, reserved, need)
+        return list(req.table)
+
+    @_locked
+    @_confirmed("allocate")
+    def extend(self, rid: Hashable, num_tokens: int) -> list[int]:
+        """``allocate``, returning only the entries this call appended (prefix hits, then new
+        blocks): O(blocks added), not O(table), for a scheduler's per-step growth."""
+        req = self._req(rid)
+        hits, reserved, need = self._growth(req, num_tokens)
+        self._reclaim_launches(self._plan_room(need, hits))
+        return self._grow(req, hits, reserved, need)
+
+    @_locked
+    @_confirmed("allocate_many")
+    def allocate_many(self, grow: Sequence[tuple[Hashable, int]]) -> list[list[int]]:
+        """The step-level ``extend``: grow each running request ``rid`` of ``(rid, num_tokens)``
+        pairs to cover ``num_tokens`` positions, in order; returns the entries each one
+        appended. All or nothing: the room for every request is planned before any block is
+        taken, so a refusal (``OutOfBlocks``, ``InvalidArgument``) changes nothing. Each
+        table must be non-empty (an admission takes prefix hits: ``allocate``); a request
+        appears once. The spec's program is ``spec.calls.allocate_many``: ``allocate`` of
+        each pair in order."""
+        plans = []
+        for req, n in self._batch(grow, "allocate_many"):
+            if not req.table:
+                raise InvalidArgument(
+                    f"allocate_many grows running requests; {req.rid!r} has an empty table "
+                    "(its first allocation takes prefix hits: allocate)")
+            plans.append((req, *self._growth(req, n)))
+        self._reclaim_launches(self._plan_room(sum(plan[3] for plan in plans)))
+        return [self._grow(*plan) for plan in plans]
+
+    def _batch(self, items: Any, call: str) -> list[tuple[_Request, Any]]:
+        """``(rid, value)`` pairs of a step-level call: known requests, each once."""
+        pairs = _ordered(items, f"{call}'s (request id, value) pairs")
+        out: list[tuple[_Request, Any]] = []
+        seen: set[Hashable] = set()
+        for pair in pairs:
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise InvalidArgument(f"{call} takes (request id, value) pairs, got {pair!r}")
+            req = self._req(pair[0])
+            if req.rid in seen:
+                raise InvalidArgument(f"request {req.rid!r} appears twice in one {call}")
+            seen.add(req.rid)
+            out.append((req, pair[1]))
+        return out
+
+    def _growth(self, req: _Request, num_tokens: Any) -> tuple[list[int], int, int]:
+        """What growing req to ``num_tokens`` positions takes, changing nothing: (the prefix
+        hits an empty table takes, the positions then reserved, the new blocks needed)."""
         num_tokens = check_count(num_tokens, "num_tokens")
         if num_tokens < req.reserved:
             raise InvalidArgument(
-                f"request {rid!r} already covers {req.reserved} positions; tables only grow"
+                f"request {req.rid!r} already covers {req.reserved} positions; tables only grow"
             )
         hits = [] if req.table else self._hits(req)
         B = self.block_size
         reserved = max(num_tokens, len(hits) * B)
-        need = blocks_needed(reserved, B) - len(req.table) - len(hits)
-        pool = self.pool
-        self._reclaim_launches(self._plan_room(need, hits))
-        start = len(req.table)
+        return hits, reserved, -(-reserved // B) - len(req.table) - len(hits)
+
+    def _grow(self, req: _Request, hits: list[int], reserved: int, need: int) -> list[int]:
+        """Take the hits and ``need`` new blocks (the room was planned); the entries added."""
+        pool, rid = self.pool, req.rid
+        table = req.table
+        start = len(table)
         for b in hits:
             pool.share(b, rid)
-            req.table.append(b)
+            table.append(b)
         if hits:
             req.computed = req.issued = len(hits) * self.block_size
             self._prefix_hit_tokens += req.computed
         for _ in range(need):
-            req.table.append(pool.take(rid))
-        self._put_rows(req, start)
+            table.append(pool.take(rid))
+        if len(table) > start:
+            self._put_rows(req, start)
+            self._entries_total += len(table) - start
         self._reserved_total += reserved - req.reserved
-        self._entries_total += need + len(hits)
         req.reserved = reserved
-        return list(req.table)
+        return table[start:]
 
     @_locked
     def append_tokens(self, rid: Hashable, token_ids: Sequence[int]) -> None:
@@ -392,13 +450,41 @@ class BlockAllocator:
         self._extend_hashes(req)
 
     @_locked
+    def append_tokens_many(self, updates: Sequence[tuple[Hashable, Sequence[int]]]) -> None:
+        """The step-level ``append_tokens``: ``(rid, token_ids)`` pairs, each request once. All
+        or nothing: every pair is checked before any token is recorded. The spec's program is
+        ``spec.calls.append_tokens_many``."""
+        checked = [(req, _check_tokens(tokens))
+                   for req, tokens in self._batch(updates, "append_tokens_many")]
+        for req, tokens in checked:
+            req.tokens.extend(tokens)
+            self._extend_hashes(req)
+
+    @_locked
     @_confirmed("commit")
     def commit(self, rid: Hashable, num_tokens: int) -> None:
         """Positions below ``num_tokens`` are written (their launches completed): full blocks
         below it become REFERENCED and enter the prefix cache (spec: commit)."""
         req = self._req(rid)
+        self._commit(req, self._commit_check(req, num_tokens))
+
+    @_locked
+    @_confirmed("commit_many")
+    def commit_many(self, updates: Sequence[tuple[Hashable, int]]) -> None:
+        """The step-level ``commit``: ``(rid, num_tokens)`` pairs, each request once, committed
+        in order. All or nothing: every pair is checked before anything is committed (a
+        commit only makes another's condition easier: it never un-writes a block). The
+        spec's program is ``spec.calls.commit_many``: ``commit`` of each pair in order."""
+        checked = [(req, self._commit_check(req, n))
+                   for req, n in self._batch(updates, "commit_many")]
+        for req, n in checked:
+            self._commit(req, n)
+
+    def _commit_check(self, req: _Request, num_tokens: Any) -> int:
+        """``num_tokens`` as an int if req may commit that far now; CommitError (or
+        TokensUnknown) naming the condition otherwise. Changes nothing."""
         num_tokens = check_count(num_tokens, "num_tokens")
-        B = self.block_size
+        rid, B = req.rid, self.block_size
         if num_tokens < req.computed:
             raise CommitError(f"{rid!r} already committed {req.computed} positions")
         if num_tokens > req.issued:
@@ -411,26 +497,34 @@ class BlockAllocator:
                 f"cannot commit {num_tokens} positions of {rid!r}: only {len(req.tokens)} "
                 f"token ids are known (append_tokens first)"
             )
+        if num_tokens == req.computed:
+            return num_tokens
         pool = self.pool
-        # The blocks holding positions computed..num_tokens-1 (none for a commit of nothing).
-        first = req.computed // B
-        for i in range(first, blocks_needed(num_tokens, B) if num_tokens > req.computed else 0):
+        state = pool.state
+        # The blocks holding positions computed..num_tokens-1.
+        for i in range(req.computed // B, -(-num_tokens // B)):
             b = req.table[i]
-            upto = min(B, num_tokens - i * B)
-            if pool.state[b] in (REFERENCED,):
+            if state[b] == REFERENCED:
                 continue
-            if not slots_written(CONCRETE, pool.view, b, upto):
+            if not slots_written(CONCRETE, pool.view, b, min(B, num_tokens - i * B)):
                 raise CommitError(
                     f"block {b} (entry {i} of {rid!r}) has a writing launch still pending"
                 )
-        full = num_tokens // B  # every committed token is known, so its block hash exists
-        req.computed = num_tokens  # the full blocks this commit completes: first..full-1
+        return num_tokens
+
+    def _commit(self, req: _Request, num_tokens: int) -> None:
+        """Commit checked by ``_commit_check``: the full blocks it completes enter the cache."""
+        B = self.block_size
+        first = req.computed // B
+        req.computed = num_tokens  # every committed token is known, so its block hash exists
         if not self.prefix_caching:
             return
-        for i in range(first, full):
-            b, h = req.table[i], req.hashes[i]
-            if pool.state[b] == PUBLISHED and pool.lookup(h) is None:
-                pool.commit(b, rid, h)
+        pool = self.pool
+        state, table, hashes = pool.state, req.table, req.hashes
+        for i in range(first, num_tokens // B):
+            b, h = table[i], hashes[i]
+            if state[b] == PUBLISHED and pool.lookup(h) is None:
+                pool.commit(b, req.rid, h)
 
     @_locked
     @_confirmed("truncate")
@@ -535,10 +629,22 @@ class BlockAllocator:
         (spec: release each, then close_holder). Preemption is free + add_request. A block
         let go is retired at the launch clock: while a launch published before may still read
         it, it waits (RECLAIMED, or CACHED but busy) for the watermark to pass."""
-        req = self._req(rid)
+        self._free(self._req(rid))
+
+    @_locked
+    def free_many(self, rids: Sequence[Hashable]) -> None:
+        """The step-level ``free``: each request of ``rids`` (each once, all known, else
+        ``InvalidArgument`` / ``UnknownRequest`` and nothing freed), in order. The spec's
+        program is ``spec.calls.free_many``."""
+        for req, _ in self._batch([(r, None) for r in _ordered(rids, "free_many's ids")],
+                                  "free_many"):
+            self._free(req)
+
+    def _free(self, req: _Request) -> None:
+        pool, rid = self.pool, req.rid
         for b in reversed(req.table):
-            self.pool.release(b, rid)
-        self.pool.close_holder(rid)
+            pool.release(b, rid)
+        pool.close_holder(rid)
         self._rows.close(req.row, len(req.table))
         del self._requests[rid]
         self._reserved_total -= req.reserved

@@ -94,6 +94,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _count(value: Any, name: str) -> int:
+    if type(value) is int and value >= 0:  # the common case: a plain int, nothing to convert
+        return value
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     value = int(value.__index__())
@@ -151,11 +153,12 @@ class _NullHolder:
 class _Live:
     """A request the allocator has a table for."""
 
-    __slots__ = ("req", "known", "inflight", "cursor")
+    __slots__ = ("req", "known", "computed", "inflight", "cursor")
 
-    def __init__(self, req: EngineRequest) -> None:
+    def __init__(self, req: EngineRequest, computed: int) -> None:
         self.req = req
         self.known = req.num_tokens  # token ids the allocator knows
+        self.computed = computed  # positions committed in the allocator (only _sweep commits)
         self.inflight: deque[tuple[Launch, int]] = deque()  # (launch, positions it covers)
         self.cursor = 0  # where to look for the next committed hash (events)
 
@@ -298,22 +301,27 @@ class KVCacheManager:
             for e in entries:
                 touched[id(e)] = e
         self._drain()
-        for e in touched.values():
-            self._advance(e)
+        commits = [c for c in map(self._advance, touched.values()) if c is not None]
+        if commits:
+            self._sync_many([self._live[rid] for rid, _ in commits])
+            self._alloc.commit_many(commits)
+            self._drain()
 
-    def _advance(self, entry: _Live) -> None:
+    def _advance(self, entry: _Live) -> tuple[Hashable, int] | None:
+        """What the entry's completed launches let it commit: (request id, positions), or
+        None for nothing new."""
         target = None
         while entry.inflight and entry.inflight[0][0].completed:
             target = entry.inflight.popleft()[1]
         rid = entry.req.request_id
         if target is None or self._live.get(rid) is not entry:
-            return
+            return None
         if entry.inflight:  # a later launch may still write the last partial block
             target -= target % self.block_size
-        if target <= self._alloc.num_computed(rid):
-            return
-        self._alloc.commit(rid, target)
-        self._drain()
+        if target <= entry.computed:
+            return None
+        entry.computed = target
+        return rid, target
 
     def _drain(self) -> None:
         """Turn the pool's recorded commits and evictions into KV events."""
@@ -368,14 +376,19 @@ class KVCacheManager:
                 block_ids=blocks,
             ))
 
-    def _sync(self, entry: _Live) -> None:
-        """Tell the allocator the tokens appended to the request since it last knew."""
-        req = entry.req
-        if entry.known < req.num_tokens:
-            self._alloc.append_tokens(req.request_id, req._all[entry.known:])
-            entry.known = req.num_tokens
-            if self.enable_caching:
-                self._hashes(req)  # keep request.block_hashes current, as vLLM's Request
+    def _sync_many(self, entries: Sequence[_Live]) -> None:
+        """Tell the allocator, in one step-level call, the tokens appended to these requests
+        since it last knew (``append_token`` only records them on the request)."""
+        updates = []
+        for entry in entries:
+            req = entry.req
+            if entry.known < len(req._all):
+                updates.append((req.request_id, req._all[entry.known:]))
+                entry.known = len(req._all)
+                if self.enable_caching:
+                    self._hashes(req)  # keep request.block_hashes current, as vLLM's Request
+        if updates:
+            self._alloc.append_tokens_many(updates)
 
     @_locked
     def publish(self, requests: Sequence[EngineRequest]) -> Launch:
@@ -389,12 +402,11 @@ class KVCacheManager:
             if entry is None or entry.req is not r:
                 raise ValueError(f"{r!r} holds no blocks of this manager (allocate_slots first)")
             entries.append(entry)
-        for entry in entries:
-            self._sync(entry)
+        self._sync_many(entries)
         launch = self._alloc.publish([e.req.request_id for e in entries])
         self._drain()
-        for entry in entries:
-            entry.inflight.append((launch, self._alloc.num_reserved(entry.req.request_id)))
+        for entry, reserved in zip(entries, launch.seq_lens.tolist(), strict=True):
+            entry.inflight.append((launch, reserved))
         self._inflight[launch.seq] = (launch, entries)
         return launch
 
@@ -535,27 +547,25 @@ class KVCacheManager:
         if entry is None:
             alloc.add_request(rid, request._all, cache_salt=request.cache_salt,
                               extra_keys=request.hash_keys)
-            entry = _Live(request)
             try:
-                table = alloc.allocate(rid, target)
+                added = alloc.extend(rid, target)
             except OutOfBlocks:  # pragma: no cover - checked above
                 alloc.free(rid)
                 return None
             except Exception:
                 alloc.free(rid)
                 raise
-            self._live[rid] = entry
+            self._live[rid] = _Live(request, len(hits) * B)
         else:
-            self._sync(entry)
             try:
-                table = alloc.allocate(rid, target)
+                added = alloc.extend(rid, target)
             except OutOfBlocks:  # pragma: no cover - checked above
                 return None
         self._drain()
-        if table[table_len:table_len + len(hits)] != hits:  # pragma: no cover - internal
+        if added[:len(hits)] != hits:  # pragma: no cover - internal
             raise AssertionError(f"{rid!r} took other prefix hits than looked up")
-        new = table[table_len + len(hits):]
-        return KVCacheBlocks(tuple(new)) if new else self.empty_kv_cache_blocks
+        return KVCacheBlocks(tuple(added[len(hits):])) if len(added) > len(hits) else (
+            self.empty_kv_cache_blocks)
 
     @_locked
     def free(self, request: EngineRequest) -> None:
@@ -583,10 +593,11 @@ class KVCacheManager:
     @_locked
     def append_token(self, request: EngineRequest, token_id: int) -> None:
         """The model sampled ``token_id`` for ``request`` (``append_output_token_ids``)."""
-        request.append_output_token_ids([token_id])
-        entry = self._live.get(request.request_id)
-        if entry is not None and entry.req is request:
-            self._sync(entry)
+        request.append_output_token_ids([token_id])  # the allocator learns it at the next
+        # publish or commit (one step-level call for every request: ``_sync_many``)
+        if self.enable_caching and (len(request.block_hashes) + 1) * self.block_size <= len(
+                request._all):
+            self._hashes(request)  # a block filled: request.block_hashes stays current
 
     @_locked
     def record_prefix_cache_stats(self, request: EngineRequest, num_hits: int) -> None:

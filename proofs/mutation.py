@@ -188,7 +188,7 @@ EQUIVALENT: dict[str, str] = {
     "is the spec's NO_HASH -> return int.from_bytes(digest, \"big\") or 0  # 0 is the spec's "
     "NO_HASH":
         "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
-    "allocator/allocator.py:commit:drop-and-clause:if pool.state[b] == PUBLISHED and "
+    "allocator/allocator.py:_commit:drop-and-clause:if state[b] == PUBLISHED and "
     "pool.lookup(h) is None: -> if True and pool.lookup(h) is None:":
         "a table entry in [first, full) is PUBLISHED or REFERENCED under its own "
         "chain hash (committed, hit or forked), so lookup(h) is None only for PUBLISHED ones",

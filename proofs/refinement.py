@@ -455,6 +455,62 @@ class AllocatorMachine(RuleBasedStateMachine):
         self._append(rid, [data.draw(st.integers(0, 3))])
         _event("serve_step: served")
 
+    @precondition(lambda self: self.alloc is not None and self.expect)
+    @rule(data=st.data(), call=st.sampled_from(
+        ["allocate_many", "extend", "commit_many", "append_tokens_many", "free_many"]),
+        twice=st.sampled_from([False, False, False, True]))
+    def step_level(self, data, call: str, twice: bool):
+        """The step-level calls, each the repetition of its single call in the spec
+        (``spec.calls``): checked against their programs like the others. ``twice`` names a
+        request twice, which both refuse."""
+        running = sorted(r for r in self.expect if self._table_len(r))
+        choose = running if call == "allocate_many" and running and not twice else sorted(
+            self.expect)  # steer allocate_many toward running requests, which it grows
+        rids = data.draw(st.lists(st.sampled_from(choose), min_size=1, max_size=3,
+                                  unique=True))
+        if twice:
+            rids = [*rids, rids[0]]
+        tables = {r: self.alloc.block_table(r) for r in rids}
+        if call == "allocate_many":
+            grow = [(r, self._pos(r, "reserved") + data.draw(st.integers(0, 2 * self.B)))
+                    for r in rids]
+            ok, added = self._call("allocate_many", (grow,),
+                                   lambda: self.alloc.allocate_many(grow))
+            if ok:
+                for (r, _), new in zip(grow, added, strict=True):
+                    assert self.alloc.block_table(r) == tables[r] + new
+        elif call == "extend":
+            r = rids[0]
+            n = self._pos(r, "reserved") + data.draw(st.integers(0, 2 * self.B))
+            ok, new = self._call("allocate", (r, n), lambda: self.alloc.extend(r, n))
+            if ok:
+                assert self.alloc.block_table(r) == tables[r] + new
+        elif call == "commit_many":
+            updates = [(r, data.draw(st.integers(max(0, self._pos(r, "computed") - 1),
+                                                 self._pos(r, "reserved") + 1)))
+                       for r in rids]
+            ok, _ = self._call("commit_many", (updates,),
+                               lambda: self.alloc.commit_many(updates))
+        elif call == "append_tokens_many":
+            extra = [(r, data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=3)))
+                     for r in rids]
+            known = {r: self.expect[r].tokens + x for r, x in extra}
+            ok, _ = self._call(
+                "append_tokens_many",
+                ([(r, len(known[r]), chain_hashes(known[r], self.B, salt=self.expect[r].salt))
+                  for r, _ in extra],),
+                lambda: self.alloc.append_tokens_many(extra))
+            if ok:
+                for r, tokens in known.items():
+                    self.expect[r].tokens = tokens
+        else:
+            ok, _ = self._call("free_many", (rids,), lambda: self.alloc.free_many(rids))
+            if ok:
+                for r in rids:
+                    self.expect.pop(r)
+        assert not (ok and twice and call != "extend"), f"{call} took a request twice"
+        _event(f"step_level {call}: " + ("ok" if ok else "refused"))
+
     def _cow_candidates(self) -> list[str]:
         return [r for r in self.expect
                 if self._pos(r, "issued") % self.B

@@ -1,7 +1,9 @@
 """Engine calls as programs of request transitions: what each allocator call means.
 
 Each call of the engine-facing allocator (``add_request``, ``append_tokens``, ``allocate``,
-``commit``, ``truncate``, ``fork``, ``free``, ``publish``, ``complete``) is a sequence of the
+``commit``, ``truncate``, ``fork``, ``free``, ``publish``, ``complete``, and the step-level
+``append_tokens_many``, ``allocate_many``, ``commit_many``, ``free_many``, each written as the
+repetition of its single call) is a sequence of the
 request layer's transitions (``spec.requests``), chosen from the spec state and the call's
 arguments alone: which prefix hits an admission takes, when a block is copied before a write,
 which full blocks enter the cache, what a completion recycles. ``run_call`` runs it on a
@@ -362,10 +364,53 @@ def complete(run: CallRun, L: int, writes: Sequence[int]) -> None:
     _settle(run)
 
 
+# --- step-level calls: each one the repetition of its single call, over distinct requests ------
+def _distinct(run: CallRun, rids: Sequence[Hashable], call: str) -> None:
+    run.require(len(set(rids)) == len(rids), f"a request appears twice in one {call}")
+
+
+def append_tokens_many(run: CallRun,
+                       updates: Sequence[tuple[Hashable, int, Sequence[int]]]) -> None:
+    """``append_tokens`` of each ``(r, known, chain)`` in order."""
+    _distinct(run, [u[0] for u in updates], "append_tokens_many")
+    for r, known, chain in updates:
+        append_tokens(run, r, known, chain)
+    run.result = None
+
+
+def allocate_many(run: CallRun, grow: Sequence[tuple[Hashable, int]]) -> None:
+    """``allocate`` of each ``(r, n)`` in order, every table already non-empty (an admission
+    takes prefix hits one request at a time); returns the entries each one appended."""
+    _distinct(run, [r for r, _ in grow], "allocate_many")
+    added = []
+    for r, n in grow:
+        run.alive(r)
+        before = run.state.tlen[r]
+        run.require(before > 0, f"allocate_many grows running requests; {r!r} has an empty "
+                                "table (its first allocation takes prefix hits: allocate)")
+        allocate(run, r, n)
+        added.append(run.result[before:])
+    run.result = added
+
+
+def commit_many(run: CallRun, updates: Sequence[tuple[Hashable, int]]) -> None:
+    """``commit`` of each ``(r, n)`` in order."""
+    _distinct(run, [r for r, _ in updates], "commit_many")
+    for r, n in updates:
+        commit(run, r, n)
+
+
+def free_many(run: CallRun, rids: Sequence[Hashable]) -> None:
+    """``free`` of each request in order."""
+    _distinct(run, list(rids), "free_many")
+    for r in rids:
+        free(run, r)
+
+
 CALLS: dict[str, Callable[..., None]] = {
     f.__name__: f
     for f in (add_request, append_tokens, allocate, commit, truncate, fork, free, publish,
-              complete)
+              complete, append_tokens_many, allocate_many, commit_many, free_many)
 }
 
 __all__ = ["CALLS", "CallRefused", "CallRun", "Chooser", "FirstFit", "cached_prefix",
