@@ -18,7 +18,6 @@ import numpy as np
 
 from pagedkv.spec import (
     CACHED,
-    CONCRETE,
     FREE,
     ISSUED,
     PUBLISHED,
@@ -72,19 +71,21 @@ def _confirmed(call: str) -> Callable[[_F], _F]:
     run time: the call's program (``spec.calls``) is run on ``spec_view`` and must not run
     either; its reason, in the spec's words, is attached (``spec_reason``) and appended to the
     message. Where the program runs, the allocator refused what the spec allows:
-    ``InvariantViolation('refines')``. Only refusals pay for this."""
+    ``InvariantViolation('refines')``. Only refusals pay for this. The method runs under the
+    allocator's lock, as with ``_locked``."""
 
     def wrap(method: _F) -> _F:
         sig = inspect.signature(method)
 
         @wraps(method)
         def run(self: BlockAllocator, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return method(self, *args, **kwargs)
-            except (OutOfBlocks, CommitError) as exc:
-                bound = sig.bind(self, *args, **kwargs)
-                self._confirm_refusal(exc, call, tuple(bound.arguments.values())[1:])
-                raise
+            with self._lock:  # one wrapper takes the lock too (see _locked)
+                try:
+                    return method(self, *args, **kwargs)
+                except (OutOfBlocks, CommitError) as exc:
+                    bound = sig.bind(self, *args, **kwargs)
+                    self._confirm_refusal(exc, call, tuple(bound.arguments.values())[1:])
+                    raise
 
         return run  # type: ignore[return-value]
 
@@ -127,6 +128,8 @@ _NOT_SEQUENCES = (str, bytes, bytearray, memoryview, set, frozenset, dict, Mappi
 def _ordered(values: Any, what: str) -> list[Any]:
     """The items of an ordered sequence, or InvalidArgument (a bare string or an unordered
     collection is not one)."""
+    if type(values) is list or type(values) is tuple:  # the common case, before the ABCs
+        return list(values)
     if isinstance(values, _NOT_SEQUENCES):
         raise InvalidArgument(f"{what} must be an ordered sequence, not a {type(values).__name__}")
     try:
@@ -136,6 +139,10 @@ def _ordered(values: Any, what: str) -> list[Any]:
 
 
 def _check_tokens(token_ids: Iterable[int]) -> list[int]:
+    if type(token_ids) is list and len(token_ids) == 1:  # a decode step's one sampled token
+        t = token_ids[0]
+        if type(t) is int and _I64_MIN <= t <= _I64_MAX:
+            return [t]
     tokens = _ordered(token_ids, "token ids")
     if not set(map(type, tokens)) <= {int}:  # fast path: plain ints need no conversion
         for t in tokens:
@@ -290,6 +297,8 @@ class BlockAllocator:
         the clock): the retire-queue entries up to there that are still live (a RECLAIMED
         block, recycled then, or a busy CACHED one, idle then) are what they release."""
         pool = self.pool
+        if not hits and need <= pool.usable():  # the common case: it fits now
+            return []
         state, retire = pool.state, pool.retire
         watermark = pool.clock[WATERMARK]
         available = pool.usable() - sum(
@@ -346,7 +355,6 @@ class BlockAllocator:
                 f"request ids must be hashable, got {type(rid).__name__}"
             ) from None
 
-    @_locked
     @_confirmed("allocate")
     def allocate(self, rid: Hashable, num_tokens: int) -> list[int]:
         """Grow rid's table to cover ``num_tokens`` positions (spec: share for prefix hits on the
@@ -364,7 +372,6 @@ class BlockAllocator:
         self._grow(req, hits, reserved, need)
         return list(req.table)
 
-    @_locked
     @_confirmed("allocate")
     def extend(self, rid: Hashable, num_tokens: int) -> list[int]:
         """``allocate``, returning only the entries this call appended (prefix hits, then new
@@ -374,7 +381,6 @@ class BlockAllocator:
         self._reclaim_launches(self._plan_room(need, hits))
         return self._grow(req, hits, reserved, need)
 
-    @_locked
     @_confirmed("allocate_many")
     def allocate_many(self, grow: Sequence[tuple[Hashable, int]]) -> list[list[int]]:
         """The step-level ``extend``: grow each running request ``rid`` of ``(rid, num_tokens)``
@@ -397,6 +403,13 @@ class BlockAllocator:
     def _batch(self, items: Any, call: str) -> list[tuple[_Request, Any]]:
         """``(rid, value)`` pairs of a step-level call: known requests, each once."""
         pairs = _ordered(items, f"{call}'s (request id, value) pairs")
+        reqs = self._requests
+        try:  # the common case in one pass; any doubt: the checks below, which say why
+            fast = [(reqs[p[0]], p[1]) for p in pairs if type(p) is tuple and len(p) == 2]
+            if len(fast) == len(pairs) and len({id(r) for r, _ in fast}) == len(fast):
+                return fast
+        except (KeyError, TypeError):
+            pass
         out: list[tuple[_Request, Any]] = []
         seen: set[Hashable] = set()
         for pair in pairs:
@@ -460,7 +473,6 @@ class BlockAllocator:
             req.tokens.extend(tokens)
             self._extend_hashes(req)
 
-    @_locked
     @_confirmed("commit")
     def commit(self, rid: Hashable, num_tokens: int) -> None:
         """Positions below ``num_tokens`` are written (their launches completed): full blocks
@@ -468,7 +480,6 @@ class BlockAllocator:
         req = self._req(rid)
         self._commit(req, self._commit_check(req, num_tokens))
 
-    @_locked
     @_confirmed("commit_many")
     def commit_many(self, updates: Sequence[tuple[Hashable, int]]) -> None:
         """The step-level ``commit``: ``(rid, num_tokens)`` pairs, each request once, committed
@@ -501,12 +512,13 @@ class BlockAllocator:
             return num_tokens
         pool = self.pool
         state = pool.state
+        written = pool.predicate(slots_written, ("b", "k"))
         # The blocks holding positions computed..num_tokens-1.
         for i in range(req.computed // B, -(-num_tokens // B)):
             b = req.table[i]
             if state[b] == REFERENCED:
                 continue
-            if not slots_written(CONCRETE, pool.view, b, min(B, num_tokens - i * B)):
+            if not written(b, min(B, num_tokens - i * B)):
                 raise CommitError(
                     f"block {b} (entry {i} of {rid!r}) has a writing launch still pending"
                 )
@@ -526,7 +538,6 @@ class BlockAllocator:
             if state[b] == PUBLISHED and pool.lookup(h) is None:
                 pool.commit(b, req.rid, h)
 
-    @_locked
     @_confirmed("truncate")
     def truncate(self, rid: Hashable, num_tokens: int) -> list[int]:
         """Drop rid's positions from ``num_tokens`` on: rejected speculative (lookahead)
@@ -582,7 +593,6 @@ class BlockAllocator:
         req.issued = min(req.issued, num_tokens)
         return list(req.table)
 
-    @_locked
     @_confirmed("fork")
     def fork(self, parent: Hashable, child: Hashable) -> list[int]:
         """The child shares the parent's blocks (spec: open_holder, share each; blocks the
@@ -663,7 +673,6 @@ class BlockAllocator:
             raise InvalidArgument("a request appears twice in one launch")
         return rids
 
-    @_locked
     @_confirmed("publish")
     def publish(self, rids: Sequence[Hashable]) -> Launch:
         """Hand the requests' tables to kernels as launch number ``L = pool.clock[ISSUED]``
@@ -731,14 +740,23 @@ class BlockAllocator:
         written: list[int] = []
         starts = [req.issued for req in reqs]
         seq_lens = [req.reserved for req in reqs]
+        begin_write = pool.begin_write
         for req in reqs:
-            for i, w in writes_per_block(B, req.issued, req.reserved).items():
+            issued, reserved = req.issued, req.reserved
+            if issued == reserved:
+                continue
+            i = issued // B
+            if reserved <= (i + 1) * B:  # one block written (a decode step): no split needed
+                per_block: Any = ((i, reserved - issued),)
+            else:
+                per_block = writes_per_block(B, issued, reserved).items()
+            for i, w in per_block:
                 b = req.table[i]
                 if b in copied:
-                    w += req.issued % B  # the copy writes the shared slots too
-                pool.begin_write(b, req.rid, w)
+                    w += issued % B  # the copy writes the shared slots too
+                begin_write(b, req.rid, w)
                 written.append(b)
-            req.issued = req.reserved
+            req.issued = reserved
         bt, tg = self._rows.take([req.row for req in reqs], max(len(r.table) for r in reqs))
         lens = np.asarray(seq_lens, dtype=np.int32)
         query_lens = lens - np.asarray(starts, dtype=np.int32)

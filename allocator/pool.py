@@ -145,6 +145,7 @@ class BlockPool(PoolStorage):
         self._block_arrays = (self.state, self.ref, self.retire, self.wpend, self.filled,
                               self.gen, self.init, self.hash, self.queue.inq)
         self._fast: dict[str, tuple[Any, ...]] = {}
+        self._predicates: dict[tuple[Any, ...], Any] = {}
         self._invs: list[tuple[str, str, Any]] | None = None
         self._clock_invs: list[tuple[str, str, Any]] | None = None
         self._all_invariants_hold: Any = None
@@ -170,6 +171,23 @@ class BlockPool(PoolStorage):
         entry = (t, guard, predict, check, touched, written)
         self._fast[name] = entry
         return entry
+
+    def predicate(self, fn: Any, params: tuple[str, ...]) -> Any:
+        """A spec predicate ``fn(ops, s, *params)`` as a function of ``params`` over this
+        pool: compiled like the guards (and checked against the interpreted one on the probe
+        states), else interpreted. Cached per function: a replaced one is compiled anew."""
+        key = (fn, params)
+        f = self._predicates.get(key)
+        if f is None:
+            code = (predicate_code(fn, params, getattr(fn, "__name__", "predicate"))
+                    if self.compile_spec else None)
+            if code is not None and predicate_agrees(fn, params, code):
+                f = eval(code, self.namespace())
+            else:
+                def f(*args: Any, _fn: Any = fn, _view: Any = self.view) -> Any:
+                    return _fn(CONCRETE, _view, *args)
+            self._predicates[key] = f
+        return f
 
     def _entry(self, name: str) -> tuple[Any, ...]:
         entry = self._fast.get(name)

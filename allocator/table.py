@@ -26,6 +26,8 @@ MAX_COUNT = 2**63 - 1  # counts and positions are int64 on the device side
 def check_count(value: object, name: str, maximum: int = MAX_COUNT) -> int:
     """An integer in [0, maximum] (Python or NumPy, bool excluded) as a Python int, or
     InvalidArgument."""
+    if type(value) is int and 0 <= value <= maximum:  # the common case: nothing to convert
+        return value
     value = check_int(value, name)
     if value < 0:
         raise InvalidArgument(f"{name} must be >= 0, got {value}")

@@ -385,7 +385,8 @@ class KVCacheManager:
             if entry.known < len(req._all):
                 updates.append((req.request_id, req._all[entry.known:]))
                 entry.known = len(req._all)
-                if self.enable_caching:
+                if self.enable_caching and (len(req.block_hashes) + 1) * self.block_size <= (
+                        entry.known):
                     self._hashes(req)  # keep request.block_hashes current, as vLLM's Request
         if updates:
             self._alloc.append_tokens_many(updates)
@@ -490,11 +491,14 @@ class KVCacheManager:
         num_new_tokens = _count(num_new_tokens, "num_new_tokens")
         num_new_computed_tokens = _count(num_new_computed_tokens, "num_new_computed_tokens")
         reserved_blocks = _count(reserved_blocks, "reserved_blocks")
-        for name, v in (("num_lookahead_tokens", num_lookahead_tokens),
-                        ("num_external_computed_tokens", num_external_computed_tokens),
-                        ("num_encoder_tokens", num_encoder_tokens)):
-            if _count(v, name):
-                raise ValueError(f"{name} > 0 is not supported by pagedkv.engine")
+        if (type(num_lookahead_tokens) is not int or num_lookahead_tokens
+                or type(num_external_computed_tokens) is not int or num_external_computed_tokens
+                or type(num_encoder_tokens) is not int or num_encoder_tokens):
+            for name, v in (("num_lookahead_tokens", num_lookahead_tokens),
+                            ("num_external_computed_tokens", num_external_computed_tokens),
+                            ("num_encoder_tokens", num_encoder_tokens)):
+                if _count(v, name):
+                    raise ValueError(f"{name} > 0 is not supported by pagedkv.engine")
         if num_new_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
@@ -531,7 +535,7 @@ class KVCacheManager:
             table_len = _cdiv(reserved, B)
             target = max(request.num_computed_tokens + num_new_tokens, reserved)
         state = pool.state
-        idle_hits = sum(1 for b in hits if state[b] == CACHED and not pool.busy(b))
+        idle_hits = sum(1 for b in hits if state[b] == CACHED and not pool.busy(b)) if hits else 0
         watermark = 0
         if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
                                                      RequestStatus.PREEMPTED):

@@ -301,9 +301,9 @@ def _close_effect(ops: Any, s: PoolState, r: Any) -> PoolState:
     return s.replace(alive=_set(ops, s.alive, r, False))
 
 
-def slots_written(ops: Any, s: PoolState, b: Any, upto: Any) -> Any:
-    """Slots [0, upto) of b were written by launches that have all completed."""
-    return ops.And(s.filled[b] >= upto, s.wpend[b] == 0)
+def slots_written(ops: Any, s: PoolState, b: Any, k: Any) -> Any:
+    """Slots [0, k) of b were written by launches that have all completed."""
+    return ops.And(s.filled[b] >= k, s.wpend[b] == 0)
 
 
 TRANSITIONS: dict[str, Transition] = {
