@@ -724,12 +724,13 @@ class BlockAllocator:
                 sources.append((req.rid, src))
                 copies.append((src, dst))
                 copied.add(dst)
+        state = pool.state
+        fresh = [(b, req.rid) for req in reqs for b in req.table[req.published:]
+                 if state[b] == ALLOCATED]
+        if fresh:
+            pool.run_many("publish", fresh)
         for req in reqs:
-            table = req.table
-            for i in range(req.published, len(table)):
-                if pool.state[table[i]] == ALLOCATED:
-                    pool.publish(table[i], req.rid)
-            req.published = len(table)
+            req.published = len(req.table)
         L = pool.clock[ISSUED]
         pool.launch(L)
         # The sources are let go after the launch is numbered: another holder remains (the
@@ -737,10 +738,9 @@ class BlockAllocator:
         # begin_write), and whoever lets one go last retires it at a clock > L.
         for rid, src in sources:
             pool.release(src, rid)
-        written: list[int] = []
+        writes: list[tuple[int, Hashable, int]] = []
         starts = [req.issued for req in reqs]
         seq_lens = [req.reserved for req in reqs]
-        begin_write = pool.begin_write
         for req in reqs:
             issued, reserved = req.issued, req.reserved
             if issued == reserved:
@@ -754,9 +754,10 @@ class BlockAllocator:
                 b = req.table[i]
                 if b in copied:
                     w += issued % B  # the copy writes the shared slots too
-                begin_write(b, req.rid, w)
-                written.append(b)
+                writes.append((b, req.rid, w))
             req.issued = reserved
+        if writes:
+            pool.run_many("begin_write", writes)
         bt, tg = self._rows.take([req.row for req in reqs], max(len(r.table) for r in reqs))
         lens = np.asarray(seq_lens, dtype=np.int32)
         query_lens = lens - np.asarray(starts, dtype=np.int32)
@@ -768,7 +769,7 @@ class BlockAllocator:
             slot_mapping=_slots(bt, B, starts, query_lens),
             table_generations=tg,
             copies=np.asarray(copies, dtype=np.int32).reshape(-1, 2),
-            writes=tuple(written),
+            writes=tuple(b for b, _, _ in writes),
             _on_complete=self._complete,
             _generation_of=lambda: self.pool.gen,
             seq=L,
@@ -793,8 +794,8 @@ class BlockAllocator:
                     raise LaunchAlreadyCompleted(f"{launch!r} already completed")
                 return
             pool = self.pool
-            for b in launch.writes:
-                pool.end_write(b)
+            if launch.writes:
+                pool.run_many("end_write", [(b,) for b in launch.writes])
             pool.complete(launch.seq)
             launch.completed = True
             self._inflight.pop(launch.seq, None)

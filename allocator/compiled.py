@@ -16,7 +16,7 @@ from typing import Any
 from pagedkv.spec import CONCRETE, NO_HASH, PARAM_KINDS, Overlay
 from pagedkv.spec.model import INDEX_KIND
 
-from .storage import ALIVE, FIELDS, HOLDS, NHELD, PoolStorage, read_source
+from .storage import ALIVE, ATTRIBUTES, FIELDS, HOLDS, NHELD, PoolStorage, read_source
 
 
 class _Unsupported(Exception):
@@ -335,6 +335,89 @@ def effect_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
 
 
 _PROBE_CHECKED: dict[Any, bool] = {}
+
+
+def batch_code(t: Any, label: str) -> Any:
+    """Code of ``run_many(items)``: transition t on each parameter tuple of ``items`` in turn,
+    its guard and its effect both the spec's own, compiled. Each guard is evaluated on the
+    state the previous elements left; the effect's stores are computed on that state (as the
+    spec's effect reads its pre-state) and written straight into the pool's lists. Returns
+    the index of the first element whose guard fails (it and the rest not applied), or -1.
+
+    Only for transitions whose effect stores into list fields alone (no holder sets, no
+    hash map, no launch set): None otherwise, and the caller runs the single transitions."""
+    key = ("batch", t.effect, t.guard, t.params)
+    if key in _CODE_CACHE:
+        return _CODE_CACHE[key]
+    code = None
+    guard = predicate_source(t.guard, t.params)
+    post = _source_of(t.effect, t.params)
+    if t.params and guard is not None and isinstance(post, _SymPost) and post.fields:
+        try:
+            values: list[str] = []
+            stores: list[str] = []
+            for f, arr in post.fields.items():
+                attr, rep = FIELDS[f]
+                if rep != "list" or not isinstance(arr, _SymStore):
+                    raise _Unsupported(f"{f} is not a list store chain")
+                for k, v in arr.entries():  # oldest first: a later store to a key wins
+                    stores.append(f"        {attr}[_P[{len(values)}]] = _P[{len(values) + 1}]")
+                    values += [k, v]
+            params = ", ".join(t.params)
+            src = (f"def run_many(items):\n"
+                   f"    for _i, ({params},) in enumerate(items):\n"
+                   f"        if not ({guard}):\n"
+                   f"            return _i\n"
+                   f"        _P = ({', '.join(values)},)\n" + "\n".join(stores)
+                   + "\n    return -1\n")
+            code = compile(src, f"<spec {label}, batched>", "exec")
+        except _Unsupported:
+            code = None
+    _CODE_CACHE[key] = code
+    return code
+
+
+def batch_agrees(t: Any, code: Any) -> bool:
+    """On the probe states, for every parameter tuple: ``run_many`` of it alone refuses
+    exactly where the interpreted guard fails (changing nothing) and otherwise leaves the
+    pool exactly where the interpreted effect puts it; and a batch of two equals the two
+    applied one after the other by the interpreted spec."""
+    import itertools
+
+    key = ("batch", t.effect, t.guard, t.params, code)
+    if key in _PROBE_CHECKED:
+        return _PROBE_CHECKED[key]
+    ok = True
+    try:
+        combos = list(itertools.product(*(_PROBE_VALUES[x] for x in t.params)))
+        for seed, pre in enumerate(_probe_pools()):
+            mine, spec = PoolStorage(pre.num_blocks, 4), PoolStorage(pre.num_blocks, 4)
+            ns = mine.namespace()  # bound to mine's lists, which copy_from fills in place
+            exec(code, ns)
+            pairs = [(c, d) for c in combos[seed::7] for d in combos[::11]]
+            for batch in [[c] for c in combos] + [list(pair) for pair in pairs]:
+                mine.copy_from(pre)
+                spec.copy_from(pre)
+                got = ns["run_many"](batch)
+                want = -1
+                for i, combo in enumerate(batch):
+                    kw = dict(zip(t.params, combo, strict=True))
+                    if not t.guard(CONCRETE, spec.view, **kw):
+                        want = i
+                        break
+                    spec.write(t.effect(CONCRETE, spec.view, **kw), kw.get("r"), kw.get("b"))
+                if got != want or any(getattr(mine, a) != getattr(spec, a)
+                                      for a in ATTRIBUTES):
+                    ok = False
+                    break
+            if not ok:
+                break
+    except Exception:  # noqa: BLE001 - any disagreement (even a crash) means: run the singles
+        ok = False
+    _PROBE_CHECKED[key] = ok
+    return ok
+
+
 
 
 def scrambled_pool(seed: int, num_blocks: int = 6, *, negative: bool = False) -> PoolStorage:

@@ -10,7 +10,7 @@ invariants are re-evaluated there: O(1) per touched block, never a pool scan.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,8 @@ from pagedkv.spec import (
 from pagedkv.spec.explain import failed_conditions
 
 from .compiled import (
+    batch_agrees,
+    batch_code,
     effect_agrees,
     effect_code,
     predicate_agrees,
@@ -146,6 +148,7 @@ class BlockPool(PoolStorage):
                               self.gen, self.init, self.hash, self.queue.inq)
         self._fast: dict[str, tuple[Any, ...]] = {}
         self._predicates: dict[tuple[Any, ...], Any] = {}
+        self._batched: dict[str, tuple[Any, Any]] = {}  # name -> (transition, run_many | None)
         self._invs: list[tuple[str, str, Any]] | None = None
         self._clock_invs: list[tuple[str, str, Any]] | None = None
         self._all_invariants_hold: Any = None
@@ -188,6 +191,53 @@ class BlockPool(PoolStorage):
                     return _fn(CONCRETE, _view, *args)
             self._predicates[key] = f
         return f
+
+    # Transitions a step performs once per block it writes (publish, begin_write, end_write):
+    # their effects store into the pool's lists only, so the pool methods are the spec's
+    # effects exactly, and a batch can run as one compiled loop.
+    BATCHED = ("publish", "begin_write", "end_write")
+
+    def run_many(self, name: str, items: Sequence[tuple[Any, ...]]) -> None:
+        """Transition ``name`` (one of ``BATCHED``) on each parameter tuple of ``items``, in
+        order: what calling the single transition on each would do, with the same guards,
+        effects and errors (an element whose guard fails raises its typed error; the elements
+        before it stay applied, as with single calls). The guard and effect run as one loop
+        compiled from the spec (``compiled.batch_code``, checked against the interpreted spec
+        on the probe states first); checked mode then re-evaluates the local invariants on
+        the touched blocks, in their compiled form. The single transitions run instead when
+        the spec entry does not compile, and for ``end_write`` each block is then recycled
+        if it can be, as ``end_write`` does."""
+        if name not in self.BATCHED:
+            raise InvalidArgument(f"run_many runs {self.BATCHED}, not {name!r}")
+        t = self.spec[name]
+        fn = self._batched.get(name, (None, None))
+        if fn[0] is not t:
+            code = batch_code(t, name) if self.compile_spec else None
+            run = None
+            if code is not None and batch_agrees(t, code):
+                ns = self.namespace()
+                exec(code, ns)
+                run = ns["run_many"]
+            fn = self._batched[name] = (t, run)
+        run = fn[1]
+        if run is None:
+            single = getattr(self, name)
+            for args in items:
+                single(*args)
+            return
+        failed = run(items)
+        done = items if failed < 0 else items[:failed]
+        if self.trace is not None:
+            self.trace.extend((name, dict(zip(t.params, args, strict=True))) for args in done)
+        if self.checked:
+            self._check_invariants(name, {args[0] for args in done})
+        if name == "end_write":
+            for (b,) in done:
+                self._recycle_if_safe(b)
+        if failed >= 0:
+            self._enter(name, *items[failed])  # raises the guard's typed error, in words
+            raise AssertionError(f"{name}{items[failed]}: the compiled guard refused "
+                                 "what the spec's allows")  # pragma: no cover
 
     def _entry(self, name: str) -> tuple[Any, ...]:
         entry = self._fast.get(name)
