@@ -1,7 +1,8 @@
 """Paged-attention kernels (numba CUDA) over a paged KV cache, with torch references.
 
 Public API: ``KVCachePool``, ``write_kv``, ``copy_blocks``, ``paged_attention_decode``,
-``paged_attention_prefill``, the ``*_reference`` functions, ``KernelConfig`` and the typed
+``paged_attention_prefill``, ``step_inputs`` (a launch's metadata checked on the host and moved
+to the device once per step), the ``*_reference`` functions, ``KernelConfig`` and the typed
 errors. Runs on a GPU or in numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``).
 
 Importing this package does not import torch (optional, the ``[kernels]`` extra): the launchers
@@ -29,6 +30,7 @@ from .errors import (
     KernelTypeError,
     StaleTableError,
 )
+from .step import StepInputs, step_inputs
 
 if TYPE_CHECKING:
     from .pool import KVCachePool
@@ -72,6 +74,7 @@ __all__ = [
     "KernelInputError",
     "KernelTypeError",
     "StaleTableError",
+    "StepInputs",
     "attention_reference",
     "choose_partition_size",
     "copy_blocks",
@@ -82,6 +85,7 @@ __all__ = [
     "paged_attention_decode_reference",
     "paged_attention_prefill",
     "paged_attention_prefill_reference",
+    "step_inputs",
     "write_kv",
     "write_kv_reference",
 ]

@@ -44,6 +44,11 @@ def is_cuda_tensor(x: Any) -> bool:
     return is_torch(x) and x.is_cuda
 
 
+def on_host(x: Any) -> bool:
+    """Whether reading ``x`` on the host needs no device-to-host copy (numpy, CPU tensor)."""
+    return not is_cuda_tensor(x)
+
+
 def check_array(name: str, x: Any) -> None:
     if not (isinstance(x, np.ndarray) or is_torch(x)):
         raise KernelTypeError(f"{name} must be a numpy array or a torch tensor, got {type(x)!r}")

@@ -15,6 +15,7 @@ from ._backend import (
     is_torch,
     kv_kind,
     launch,
+    on_host,
     same_device,
     stream_for,
     word_view,
@@ -66,6 +67,20 @@ def _contiguous(x: Any) -> Any:
     return np.ascontiguousarray(x)
 
 
+def check_slots(slots: np.ndarray, num_slots: int) -> None:
+    """A host slot mapping: every slot below ``num_slots`` and none given to two tokens
+    (negative slots are padding)."""
+    if not len(slots):
+        return
+    top = int(slots.max())
+    if top >= num_slots:
+        raise KernelInputError(f"slot {top} out of range: the pool has {num_slots} slots")
+    real = slots[slots >= 0]
+    if len(np.unique(real)) != len(real):  # which token would win is undefined
+        u, c = np.unique(real, return_counts=True)
+        raise KernelInputError(f"slot {int(u[c > 1][0])} is given to several tokens")
+
+
 def write_kv(
     key: Any,
     value: Any,
@@ -73,19 +88,23 @@ def write_kv(
     v_cache: Any,
     slot_mapping: Any,
     *,
-    check: bool = True,
+    check: bool | None = None,
 ) -> None:
     """Scatter ``key``/``value`` ``[num_tokens, kv_heads, head_dim]`` into the caches.
 
     Token ``i`` goes to ``slot_mapping[i] = block * block_size + offset``; a negative slot is
-    padding and is skipped. With ``check`` (default) a slot ``>= num_blocks * block_size`` or a
-    slot given to two tokens raises ``KernelInputError`` before anything is written.
+    padding and is skipped. Checked, a slot ``>= num_blocks * block_size`` or a slot given to
+    two tokens raises ``KernelInputError`` before anything is written. ``check=None`` (the
+    default) checks a slot mapping in host memory and does not copy one on a GPU back to the
+    host (no synchronisation): check the step's host metadata once instead, before it moves to
+    the device (``step_inputs``). ``check=True`` always checks (a device-to-host copy when
+    the mapping is on a GPU); ``check=False`` never does.
     """
     (nb, bs, hkv, d), kind = check_caches(k_cache, v_cache)
     check_writable("k_cache", k_cache)
     check_writable("v_cache", v_cache)
-    check = as_flag("check", check)
     check_index_array("slot_mapping", slot_mapping, 1)
+    check = on_host(slot_mapping) if check is None else as_flag("check", check)
     for name, x in (("key", key), ("value", value)):
         if not (isinstance(x, np.ndarray) or is_torch(x)):
             raise KernelTypeError(f"{name} must be a numpy array or a torch tensor")
@@ -101,14 +120,7 @@ def write_kv(
         )
     same_device([("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)])
     if check and n:
-        hs = host_copy(slot_mapping)
-        top = int(hs.max())
-        if top >= nb * bs:
-            raise KernelInputError(f"slot {top} out of range: the pool has {nb * bs} slots")
-        real = hs[hs >= 0]
-        if len(np.unique(real)) != len(real):  # which token would win is undefined
-            u, c = np.unique(real, return_counts=True)
-            raise KernelInputError(f"slot {int(u[c > 1][0])} is given to several tokens")
+        check_slots(host_copy(slot_mapping), nb * bs)
     if n == 0:
         return
     wb = word_bytes(d, KV_KINDS[kind])

@@ -348,7 +348,6 @@ def _write_cases():
         ("v-cache-readonly", {"k_cache": _np(c.k_cache), "v_cache": ro_v, "key": _np(_kv()),
                               "value": _np(_kv())}, IE),
         ("check-str", {"check": "no"}, TE),
-        ("check-none", {"check": None}, TE),
     ]
 
 

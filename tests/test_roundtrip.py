@@ -23,6 +23,7 @@ from pagedkv.kernels import (
     copy_blocks,
     paged_attention_decode,
     paged_attention_prefill,
+    step_inputs,
     write_kv,
 )
 from pagedkv.kernels.testing import device_for_tests, rel_error, tolerance
@@ -48,6 +49,7 @@ class Model:
         self.pool.fill_(float("nan"))  # a block read before it is written poisons the output
         self.alloc.attach_pool(self.pool)
         self.tokens: dict[str, list[int]] = {}
+        self.once_per_step = False
 
     def embed(self, table, tokens, positions):
         t = torch.as_tensor(tokens, dtype=torch.long)
@@ -67,11 +69,16 @@ class Model:
         self.alloc.append_tokens(rid, [token])
 
     def step(self, rids, *, decode=False):
-        """Allocate every request to its full length, publish, copy, write, attend, check."""
+        """Allocate every request to its full length, publish, copy, write, attend, check.
+        With ``self.once_per_step`` the kernels take ``step_inputs``' arrays unchecked (the
+        launch's host metadata checked once, moved to the device once) instead of checking
+        the launch's arrays in every call."""
         for rid in rids:
             self.alloc.allocate(rid, len(self.tokens[rid]))
         launch = self.alloc.publish(rids)
         k_cache, v_cache = self.pool.layer(0)
+        if self.once_per_step:
+            return self._step_once(rids, launch, k_cache, v_cache, decode)
         if len(launch.copies):
             copy_blocks(k_cache, v_cache, launch.copies)
         tokens, positions = [], []
@@ -92,6 +99,31 @@ class Model:
         else:
             out = paged_attention_prefill(q, k_cache, v_cache, launch.block_tables,
                                           launch.seq_lens, launch.query_lens, **checked)
+        return self._finish(rids, launch, q, out)
+
+    def _step_once(self, rids, launch, k_cache, v_cache, decode):
+        inp = step_inputs(launch, k_cache, block_generations=self.alloc.block_generations())
+        if len(inp.copies):
+            copy_blocks(k_cache, v_cache, inp.copies)
+        key, value, q = self._qkv(rids, launch)
+        write_kv(key, value, k_cache, v_cache, inp.slot_mapping)  # default: no D2H copy
+        if decode:
+            out = paged_attention_decode(q, k_cache, v_cache, inp.block_tables, inp.seq_lens,
+                                         max_seq_len=inp.max_seq_len)
+        else:
+            out = paged_attention_prefill(q, k_cache, v_cache, inp.block_tables, inp.seq_lens,
+                                          inp.query_lens, max_seq_len=inp.max_seq_len)
+        return self._finish(rids, launch, q, out)
+
+    def _qkv(self, rids, launch):
+        tokens, positions = [], []
+        for rid, n, ql in zip(rids, launch.seq_lens, launch.query_lens, strict=True):
+            positions += list(range(n - ql, n))
+            tokens += self.tokens[rid][n - ql : n]
+        return tuple(self.embed(t, tokens, positions).to(DEVICE)
+                     for t in (self.emb_k, self.emb_v, self.emb_q))
+
+    def _finish(self, rids, launch, q, out):
         launch.complete()
         start = 0
         for rid, ql in zip(rids, launch.query_lens, strict=True):
@@ -129,9 +161,11 @@ def scale(m: Model, n: int) -> int:
     return n * m.alloc.block_size // 4
 
 
+@pytest.mark.parametrize("once", [False, True], ids=["checked-per-call", "step-inputs"])
 @pytest.mark.parametrize("cfg", CASES)
-def test_prefix_hit_then_decode(cfg):
+def test_prefix_hit_then_decode(cfg, once):
     m = Model(**cfg)
+    m.once_per_step = once
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 50, scale(m, 10)).tolist()  # 2.5 blocks
     assert m.add("a", prompt) == 0
@@ -151,9 +185,11 @@ def test_prefix_hit_then_decode(cfg):
     m.step(["a", "b"], decode=True)
 
 
+@pytest.mark.parametrize("once", [False, True], ids=["checked-per-call", "step-inputs"])
 @pytest.mark.parametrize("cfg", CASES)
-def test_fork_copy_on_write(cfg):
+def test_fork_copy_on_write(cfg, once):
     m = Model(**cfg)
+    m.once_per_step = once
     rng = np.random.default_rng(1)
     m.add("p", rng.integers(0, 50, scale(m, 6)).tolist())  # 1.5 blocks: shared partial block
     m.step(["p"])
