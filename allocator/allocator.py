@@ -243,24 +243,39 @@ class BlockAllocator:
 
     def _extend_hashes(self, req: _Request) -> None:
         B = self.block_size
-        memo = self._hash_memo
         tokens, hashes, extra = req.tokens, req.hashes, req.extra_keys
         while (len(hashes) + 1) * B <= len(tokens):
             i = len(hashes)
-            parent = hashes[-1] if hashes else 0
-            block = tokens[i * B : (i + 1) * B]
-            salt = req.salt if i == 0 else None
-            if memo is None:
-                hashes.append(block_hash(parent, block, extra, salt))
-                continue
-            key = (parent, tuple(block), extra, salt)
-            h = memo.get(key)
-            if h is None:
-                h = block_hash(parent, block, extra, salt)
-                if len(memo) >= _HASH_MEMO_MAX:
-                    memo.clear()
-                memo[key] = h
-            hashes.append(h)
+            hashes.append(self._hash(hashes[-1] if hashes else 0, tokens[i * B:(i + 1) * B],
+                                     extra, req.salt if i == 0 else None))
+
+    def block_hash(self, parent: int, tokens: Sequence[int], extra_keys: Sequence[Any] = (),
+                   salt: str | bytes | None = None) -> int:
+        """``hashing.block_hash`` through this allocator's memo: a front door that hashes a
+        request's blocks itself (for its prefix lookups) calls this, so that each block is
+        sha256-hashed once. Every argument is checked as ``add_request`` checks it (so no
+        value that merely compares equal to another, such as ``True`` for ``1``, can share
+        its memo entry)."""
+        if type(parent) is not int or parent < 0:
+            raise InvalidArgument(f"parent must be a block hash (an int >= 0), got {parent!r}")
+        if salt is not None and not isinstance(salt, str | bytes):
+            raise InvalidArgument("cache_salt must be str, bytes or None")
+        return self._hash(parent, _check_tokens(tokens), normalize_extra_keys(extra_keys), salt)
+
+    def _hash(self, parent: int, tokens: list[int], extra_keys: tuple[Any, ...],
+              salt: str | bytes | None) -> int:
+        """The memoized hash of checked arguments."""
+        memo = self._hash_memo
+        if memo is None:
+            return block_hash(parent, tokens, extra_keys, salt)
+        key = (parent, tuple(tokens), extra_keys, salt)
+        h = memo.get(key)
+        if h is None:
+            h = block_hash(parent, tokens, extra_keys, salt)
+            if len(memo) >= _HASH_MEMO_MAX:
+                memo.clear()
+            memo[key] = h
+        return h
 
     def _hits(self, req: _Request) -> list[int]:
         """Cached blocks for the request's leading full prompt blocks (spec: share-able)."""

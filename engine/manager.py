@@ -70,7 +70,6 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from pagedkv.allocator import BlockAllocator, Launch, LaunchAlreadyCompleted, OutOfBlocks
-from pagedkv.allocator.hashing import block_hash
 from pagedkv.spec import CACHED, PUBLISHED, REFERENCED
 from pagedkv.spec.states import ALLOCATED
 
@@ -264,9 +263,10 @@ class KVCacheManager:
             req.block_hashes = []
         hs, toks = req.block_hashes, req._all
         keys, salt = key[2], req.cache_salt
+        hash_block = self._alloc.block_hash  # memoized: the allocator does not hash it again
         while (len(hs) + 1) * B <= len(toks):
             i = len(hs)
-            hs.append(block_hash(hs[-1] if hs else 0, toks[i * B:(i + 1) * B], keys,
+            hs.append(hash_block(hs[-1] if hs else 0, toks[i * B:(i + 1) * B], keys,
                                  salt if i == 0 else None))
         return hs
 

@@ -95,6 +95,24 @@ def test_hash_memo_never_changes_a_hash():
     assert memo_on._req("y").hashes == memo_off._req("y").hashes == memo_off._req("x").hashes
 
 
+def test_the_public_memoized_hash_is_block_hash_and_checks_its_arguments():
+    from pagedkv.allocator import InvalidArgument
+    from pagedkv.allocator.hashing import block_hash
+
+    a = BlockAllocator(16, 4)
+    assert a.block_hash(0, [1, 2, 3, 4], ("",), "s") == block_hash(0, [1, 2, 3, 4], ("",), "s")
+    assert a.block_hash(5, [1, 2, 3, 4]) == block_hash(5, [1, 2, 3, 4], (), None)
+    a.block_hash(0, [1, 1, 1, 1])  # memoized under ints: equal-comparing bools are refused
+    for bad in ((0, [True, 1, 1, 1]), (0, [1.0, 1, 1, 1]), (True, [1, 1, 1, 1]),
+                (-1, [1, 1, 1, 1]), (0, "abcd")):
+        with pytest.raises(InvalidArgument):
+            a.block_hash(*bad)
+    with pytest.raises(InvalidArgument):
+        a.block_hash(0, [1, 1, 1, 1], (1.0,))
+    with pytest.raises(InvalidArgument):
+        a.block_hash(0, [1, 1, 1, 1], (), 7)
+
+
 def test_every_transition_runs_compiled():
     """Each transition's guard and effect compile and pass their probes: none silently falls
     back to interpretation (the hot ones, and the clock's, included)."""
