@@ -4,10 +4,12 @@
                                        [--contexts 256,1024,4096,16384] [--json out.json]
 
 Each of ``--batch`` requests is prefilled to the context length (untimed), then ``--steps``
-decode steps are timed, each as an engine's step calls the allocator: per request
-``append_tokens`` (the token sampled last step) and ``allocate`` (one more position), one
-``publish`` of the whole batch (the launch: block tables, slot mapping, writes), its
-``complete``, and per request ``commit``. Prints the per-step time (best of ``--repeat``) for
+decode steps are timed, each as an engine's step calls the allocator, through the step-level
+calls: ``append_tokens_many`` (each request's token sampled last step), ``allocate_many``
+(one more position each), one ``publish`` of the whole batch (the launch: block tables, slot
+mapping, writes), its ``complete``, and ``commit_many``. (``allocate`` returns the whole
+table, O(context) per call: engines use ``extend`` / ``allocate_many``, which return what they
+added.) Prints the per-step time (best of ``--repeat``) for
 checked and unchecked mode, per request and per table entry, and each context's time over the
 shortest one's: flat means the step costs O(requests + blocks the step changes), not
 O(context).
@@ -46,12 +48,10 @@ def decode_steps(alloc: BlockAllocator, rids: list[str], steps: int) -> float:
     t0 = time.perf_counter()
     for s in range(steps):
         n += 1
-        for rid in rids:
-            alloc.append_tokens(rid, [(n * 31 + s) % 32000])
-            alloc.allocate(rid, n)
+        alloc.append_tokens_many([(rid, [(n * 31 + s) % 32000]) for rid in rids])
+        alloc.allocate_many([(rid, n) for rid in rids])
         alloc.publish(rids).complete()
-        for rid in rids:
-            alloc.commit(rid, n)
+        alloc.commit_many([(rid, n) for rid in rids])
     return time.perf_counter() - t0
 
 

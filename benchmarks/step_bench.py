@@ -2,8 +2,9 @@
 
 Runs the vLLM anchor's ``bench_step.run`` (``../shared/anchors/vllm_kvcache``: the
 ``traces.make_trace`` workload through ``traces.simulate``, only the driver calls timed, then
-the recorded op log replayed and checked) twice in one process, on the same trace and pool:
-with the anchor's vLLM driver and with ``pagedkv.engine.driver:make``. Prints both and the
+the recorded op log replayed and checked) three times in one process, on the same trace and
+pool: with the anchor's vLLM driver, with ``pagedkv.engine.driver:make`` (unchecked) and with
+``pagedkv.engine.driver:make_checked`` (checked mode, the library's default). Prints both and the
 ratios per driver call; ``--json`` writes them. vLLM is used at benchmark time only (its wheel
 is unpacked by the anchor's ``setup.sh`` under /tmp).
 
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 ANCHOR = Path(__file__).resolve().parents[1].parent / "shared" / "anchors" / "vllm_kvcache"
-DRIVERS = {"vllm": "vllm_kv:make", "pagedkv": "pagedkv.engine.driver:make"}
+DRIVERS = {"vllm": "vllm_kv:make", "pagedkv": "pagedkv.engine.driver:make",
+           "pagedkv checked": "pagedkv.engine.driver:make_checked"}
 
 
 def load_bench() -> Any:
@@ -60,17 +62,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name} ({driver})")
         print(bench.table(out[name]))
         print()
-    v, p = out["vllm"], out["pagedkv"]
-    print(f"{'':28s} {'vLLM 0.33.0':>14s} {'pagedkv':>14s} {'ratio':>8s}")
-    rows = [("allocator s", v["allocator"]["total_s"], p["allocator"]["total_s"]),
-            ("us per driver call", v["allocator"]["us_per_op"], p["allocator"]["us_per_op"])]
-    rows += [(f"  {op} us/call", v["op_breakdown"][op]["us_per_call"],
-              p["op_breakdown"][op]["us_per_call"]) for op in v["op_breakdown"]]
-    for label, a, b in rows:
-        print(f"{label:28s} {a:14.2f} {b:14.2f} {b / a if a else float('nan'):8.2f}")
+    v, p, c = out["vllm"], out["pagedkv"], out["pagedkv checked"]
+    print(f"{'':28s} {'vLLM 0.33.0':>12s} {'pagedkv':>12s} {'checked':>12s} "
+          f"{'pagedkv/vLLM':>13s} {'checked/vLLM':>13s} {'checked/pagedkv':>16s}")
+
+    def figures(o: dict) -> list[float]:
+        return [o["allocator"]["total_s"], o["allocator"]["us_per_op"]] + [
+            o["op_breakdown"][op]["us_per_call"] for op in v["op_breakdown"]]
+
+    labels = ["allocator s", "us per driver call"] + [f"  {op} us/call"
+                                                      for op in v["op_breakdown"]]
+    for label, a, b, d in zip(labels, figures(v), figures(p), figures(c), strict=True):
+        print(f"{label:28s} {a:12.2f} {b:12.2f} {d:12.2f} {b / a if a else float('nan'):13.2f} "
+              f"{d / a if a else float('nan'):13.2f} {d / b if b else float('nan'):16.2f}")
     for key in ("preemptions", "prefix_hit_tokens", "prefix_hit_rate_first_admissions"):
-        a, b = v["run"][key], p["run"][key]
-        print(f"{key[:28]:28s} {a:>14.4g} {b:>14.4g}")
+        print(f"{key[:28]:28s} " + " ".join(f"{o['run'][key]:>12.4g}" for o in (v, p, c)))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
     return 0

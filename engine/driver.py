@@ -38,6 +38,12 @@ def make(num_blocks: int, block_size: int, enable_caching: bool = True, *,
                          **manager_kwargs)
 
 
+def make_checked(num_blocks: int, block_size: int, enable_caching: bool = True, *,
+                 max_num_batched_tokens: int = 8192, **manager_kwargs: Any) -> PagedKVDriver:
+    """``make`` with the allocator in checked mode (the library's default)."""
+    return PagedKVDriver(num_blocks, block_size, enable_caching, checked=True, **manager_kwargs)
+
+
 class PagedKVDriver:
     """One request table per id over pagedkv's KVCacheManager (see the module docstring)."""
 
@@ -202,4 +208,4 @@ class PagedKVDriver:
         return s
 
 
-__all__ = ["PagedKVDriver", "make"]
+__all__ = ["PagedKVDriver", "make", "make_checked"]
