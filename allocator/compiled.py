@@ -418,8 +418,6 @@ def batch_agrees(t: Any, code: Any) -> bool:
     return ok
 
 
-
-
 def scrambled_pool(seed: int, num_blocks: int = 6, *, negative: bool = False) -> PoolStorage:
     """A small pool with arbitrary array contents (not necessarily a reachable state), for
     comparing compiled and interpreted spec functions. ``negative`` allows -1 counters."""

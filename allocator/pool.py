@@ -203,10 +203,11 @@ class BlockPool(PoolStorage):
         effects and errors (an element whose guard fails raises its typed error; the elements
         before it stay applied, as with single calls). The guard and effect run as one loop
         compiled from the spec (``compiled.batch_code``, checked against the interpreted spec
-        on the probe states first); checked mode then re-evaluates the local invariants on
-        the touched blocks, in their compiled form. The single transitions run instead when
-        the spec entry does not compile, and for ``end_write`` each block is then recycled
-        if it can be, as ``end_write`` does."""
+        on the probe states first): the effect that runs is the spec's, so checked mode has no
+        effect to compare and re-evaluates the local invariants on the touched blocks, in
+        their compiled form. After a batch of ``end_write`` each block is recycled if it can
+        be, as ``end_write`` does. A spec entry that does not compile runs as the single
+        transitions."""
         if name not in self.BATCHED:
             raise InvalidArgument(f"run_many runs {self.BATCHED}, not {name!r}")
         t = self.spec[name]
