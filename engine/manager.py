@@ -301,15 +301,17 @@ class KVCacheManager:
             for e in entries:
                 touched[id(e)] = e
         self._drain()
-        commits = [c for c in map(self._advance, touched.values()) if c is not None]
+        commits = [(e, n) for e in touched.values() if (n := self._advance(e)) is not None]
         if commits:
-            self._sync_many([self._live[rid] for rid, _ in commits])
-            self._alloc.commit_many(commits)
+            self._sync_many([e for e, _ in commits])
+            self._alloc.commit_many([(e.req.request_id, n) for e, n in commits])
+            for e, n in commits:
+                e.computed = n
             self._drain()
 
-    def _advance(self, entry: _Live) -> tuple[Hashable, int] | None:
-        """What the entry's completed launches let it commit: (request id, positions), or
-        None for nothing new."""
+    def _advance(self, entry: _Live) -> int | None:
+        """The positions the entry's completed launches let it commit, or None for nothing
+        new."""
         target = None
         while entry.inflight and entry.inflight[0][0].completed:
             target = entry.inflight.popleft()[1]
@@ -318,10 +320,7 @@ class KVCacheManager:
             return None
         if entry.inflight:  # a later launch may still write the last partial block
             target -= target % self.block_size
-        if target <= entry.computed:
-            return None
-        entry.computed = target
-        return rid, target
+        return target if target > entry.computed else None
 
     def _drain(self) -> None:
         """Turn the pool's recorded commits and evictions into KV events."""
