@@ -667,8 +667,8 @@ class BlockAllocator:
 
     def _free(self, req: _Request) -> None:
         pool, rid = self.pool, req.rid
-        for b in reversed(req.table):
-            pool.release(b, rid)
+        if req.table:
+            pool.run_many("release", [(b, rid) for b in reversed(req.table)])
         pool.close_holder(rid)
         self._rows.close(req.row, len(req.table))
         del self._requests[rid]

@@ -344,8 +344,8 @@ def batch_code(t: Any, label: str) -> Any:
     spec's effect reads its pre-state) and written straight into the pool's lists. Returns
     the index of the first element whose guard fails (it and the rest not applied), or -1.
 
-    Only for transitions whose effect stores into list fields alone (no holder sets, no
-    hash map, no launch set): None otherwise, and the caller runs the single transitions."""
+    Only for transitions whose effect stores into list fields and holders' sets (no hash
+    map, no launch set): None otherwise, and the caller runs the single transitions."""
     key = ("batch", t.effect, t.guard, t.params)
     if key in _CODE_CACHE:
         return _CODE_CACHE[key]
@@ -358,6 +358,15 @@ def batch_code(t: Any, label: str) -> Any:
             stores: list[str] = []
             for f, arr in post.fields.items():
                 attr, rep = FIELDS[f]
+                if rep == NHELD:
+                    continue  # the size of the holder's set: follows from the holds stores
+                if rep == HOLDS:
+                    for r, b, v in _holds_entries(arr):
+                        i = len(values)
+                        stores.append(f"        ({attr}[_P[{i}]].add if _P[{i + 2}] else "
+                                      f"{attr}[_P[{i}]].discard)(_P[{i + 1}])")
+                        values += [r, b, f"bool({v})"]
+                    continue
                 if rep != "list" or not isinstance(arr, _SymStore):
                     raise _Unsupported(f"{f} is not a list store chain")
                 for k, v in arr.entries():  # oldest first: a later store to a key wins
@@ -375,6 +384,28 @@ def batch_code(t: Any, label: str) -> Any:
             code = None
     _CODE_CACHE[key] = code
     return code
+
+
+def _holds_entries(arr: Any) -> list[tuple[str, str, str]]:
+    """(holder, block, value) sources of ``holds`` stores (``store(holds, r, store(holds[r],
+    b, v))``), oldest first; each inner chain must start from that holder's own set."""
+    out: list[tuple[str, str, str]] = []
+    outer: list[tuple[Any, Any]] = []
+    node = arr
+    while isinstance(node, _SymStore):
+        outer.append((node.key, node.value))
+        node = node.base
+    if not isinstance(node, _SymArr):
+        raise _Unsupported("holds is not a store chain over the pool's sets")
+    for r, inner in reversed(outer):
+        chain: list[tuple[Any, Any]] = []
+        while isinstance(inner, _SymStore):
+            chain.append((inner.key, inner.value))
+            inner = inner.base
+        if not isinstance(inner, _SymArr):
+            raise _Unsupported("a holder's set is not a store chain over its own set")
+        out += [(_lit(r), _lit(b), _truth(v)) for b, v in reversed(chain)]
+    return out
 
 
 def batch_agrees(t: Any, code: Any) -> bool:

@@ -192,10 +192,11 @@ class BlockPool(PoolStorage):
             self._predicates[key] = f
         return f
 
-    # Transitions a step performs once per block it writes (publish, begin_write, end_write):
-    # their effects store into the pool's lists only, so the pool methods are the spec's
-    # effects exactly, and a batch can run as one compiled loop.
-    BATCHED = ("publish", "begin_write", "end_write")
+    # Transitions a step or a free performs once per block: their spec effects store into the
+    # pool's lists and holder sets only, so a batch runs as one compiled loop of the spec's
+    # guard and effect. What the pool keeps beyond the spec (the eviction queue's links, the
+    # retire queue, the busy count, recycling) follows in ``_after``, as the methods do it.
+    BATCHED = ("publish", "begin_write", "end_write", "release")
 
     def run_many(self, name: str, items: Sequence[tuple[Any, ...]]) -> None:
         """Transition ``name`` (one of ``BATCHED``) on each parameter tuple of ``items``, in
@@ -226,19 +227,41 @@ class BlockPool(PoolStorage):
             for args in items:
                 single(*args)
             return
+        stamp = self.clock[ISSUED]
+        retired_before = [self.retire[args[0]] for args in items] if name == "release" else ()
         failed = run(items)
         done = items if failed < 0 else items[:failed]
         if self.trace is not None:
             self.trace.extend((name, dict(zip(t.params, args, strict=True))) for args in done)
+        if name == "release":
+            self._after_release(done, retired_before, stamp)
         if self.checked:
             self._check_invariants(name, {args[0] for args in done})
-        if name == "end_write":
-            for (b,) in done:
-                self._recycle_if_safe(b)
+        if name in ("end_write", "release"):
+            for args in done:
+                self._recycle_if_safe(args[0])
         if failed >= 0:
             self._enter(name, *items[failed])  # raises the guard's typed error, in words
             raise AssertionError(f"{name}{items[failed]}: the compiled guard refused "
                                  "what the spec's allows")  # pragma: no cover
+
+    def _after_release(self, done: Sequence[tuple[Any, ...]], retired_before: Sequence[int],
+                       stamp: int) -> None:
+        """What ``release`` does beyond the spec's effect, for a batch the compiled loop
+        released (the spec's effect already set ref, state, retire, queued, ...): a block
+        whose last holder let it go is queued for the watermark when a launch that may read
+        it is in flight, and a cached one joins the eviction queue's tail."""
+        busy = stamp > self.clock[WATERMARK]
+        state, ref, queue = self.state, self.ref, self.queue
+        for (b, _r), before in zip(done, retired_before, strict=False):  # done: a prefix
+            if ref[b]:
+                continue
+            if busy and before != stamp:
+                self.retire_queue.append((stamp, b))
+            if state[b] == CACHED:  # flagged queued by the spec's effect: link it
+                queue.push_tail(b)
+                if busy:
+                    self.cached_busy += 1
 
     def _entry(self, name: str) -> tuple[Any, ...]:
         entry = self._fast.get(name)

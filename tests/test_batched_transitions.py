@@ -8,7 +8,12 @@ import random
 
 import pytest
 
-from pagedkv.allocator import BlockAllocator, InvariantViolation, PublishError
+from pagedkv.allocator import (
+    AllocatorError,
+    BlockAllocator,
+    InvariantViolation,
+    PublishError,
+)
 from pagedkv.allocator.compiled import batch_agrees, batch_code
 from pagedkv.allocator.pool import BlockPool
 from pagedkv.spec import TRANSITIONS
@@ -57,23 +62,41 @@ def _workload(seed: int, batched: bool) -> tuple:
         a.allocate(f"r{i}", len(tokens))
         live.append(f"r{i}")
     inflight = []
-    for _ in range(30):
+    serial = 8
+    for _ in range(40):
         for r in live:
-            a.extend(r, a.num_reserved(r) + rng.randrange(0, 6))
+            k = rng.randrange(0, 6)
+            a.append_tokens(r, [rng.randrange(4) for _ in range(k)])  # known: commits cache
+            a.extend(r, a.num_reserved(r) + k)
         inflight.append(a.publish(live))
-        if rng.random() < 0.7:
+        while inflight and rng.random() < 0.8:
             inflight.pop(rng.randrange(len(inflight))).complete()
+        for r in live:
+            if a.num_computed(r) < a.num_reserved(r):
+                try:
+                    a.commit(r, a.num_reserved(r) // 4 * 4)  # full blocks enter the cache
+                except AllocatorError:
+                    pass  # a launch still writes it
+        if rng.random() < 0.3:  # a request finishes (some of its blocks still in flight)
+            a.free(live.pop(rng.randrange(len(live))))
+            live.append(f"r{serial}")
+            a.add_request(live[-1], [rng.randrange(4) for _ in range(rng.randrange(1, 9))])
+            a.allocate(live[-1], 1)
+            serial += 1
     for launch in inflight:
         launch.complete()
     a.check_invariants()
-    return a.abstract().pool, a.pool.trace
+    pool = a.pool
+    return (a.abstract().pool, sorted(map(repr, pool.trace)), list(pool.queue),
+            list(pool.retire_queue), pool.cached_busy)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(10))
 def test_run_many_ends_where_the_single_transitions_end(seed):
     batched, single = _workload(seed, True), _workload(seed, False)
     assert batched[0] == single[0]
     assert batched[1] == single[1], "the transitions recorded differ"
+    assert batched[2:] == single[2:], "eviction queue, retire queue or busy count differ"
 
 
 @pytest.mark.parametrize("checked", [True, False])
