@@ -231,15 +231,19 @@ class BlockPool(PoolStorage):
         retired_before = [self.retire[args[0]] for args in items] if name == "release" else ()
         failed = run(items)
         done = items if failed < 0 else items[:failed]
-        if self.trace is not None:
-            self.trace.extend((name, dict(zip(t.params, args, strict=True))) for args in done)
         if name == "release":
             self._after_release(done, retired_before, stamp)
         if self.checked:
             self._check_invariants(name, {args[0] for args in done})
-        if name in ("end_write", "release"):
+        trace, recycles = self.trace, name in ("end_write", "release")
+        if trace is not None or recycles:
+            # Recorded as the single transitions record them: each one, then its block's
+            # recycle (a recycle commutes with the other blocks' transitions of the batch).
             for args in done:
-                self._recycle_if_safe(args[0])
+                if trace is not None:
+                    trace.append((name, dict(zip(t.params, args, strict=True))))
+                if recycles:
+                    self._recycle_if_safe(args[0])
         if failed >= 0:
             self._enter(name, *items[failed])  # raises the guard's typed error, in words
             raise AssertionError(f"{name}{items[failed]}: the compiled guard refused "
