@@ -206,9 +206,10 @@ class BlockPool(PoolStorage):
         compiled from the spec (``compiled.batch_code``, checked against the interpreted spec
         on the probe states first): the effect that runs is the spec's, so checked mode has no
         effect to compare and re-evaluates the local invariants on the touched blocks, in
-        their compiled form. After a batch of ``end_write`` each block is recycled if it can
-        be, as ``end_write`` does. A spec entry that does not compile runs as the single
-        transitions."""
+        their compiled form. What ``release`` keeps beyond the spec follows in
+        ``_after_release``; after ``end_write`` and ``release`` each block is recycled if it
+        can be, as the single transitions do. A spec entry that does not compile runs as the
+        single transitions."""
         if name not in self.BATCHED:
             raise InvalidArgument(f"run_many runs {self.BATCHED}, not {name!r}")
         t = self.spec[name]
@@ -257,9 +258,11 @@ class BlockPool(PoolStorage):
         it is in flight, and a cached one joins the eviction queue's tail."""
         busy = stamp > self.clock[WATERMARK]
         state, ref, queue = self.state, self.ref, self.queue
+        seen: set[int] = set()  # a block released by several holders is let go once
         for (b, _r), before in zip(done, retired_before, strict=False):  # done: a prefix
-            if ref[b]:
+            if ref[b] or b in seen:
                 continue
+            seen.add(b)
             if busy and before != stamp:
                 self.retire_queue.append((stamp, b))
             if state[b] == CACHED:  # flagged queued by the spec's effect: link it

@@ -132,3 +132,31 @@ def test_checked_mode_rechecks_the_touched_blocks_invariants():
         else:
             a.pool.run_many("begin_write", [(0, "a", 3)])
             assert a.pool.filled[0] == 7
+
+
+def test_a_block_released_by_several_holders_in_one_batch_is_let_go_once():
+    """Forked tables share blocks: releasing every holder's reference in one batch ends where
+    the single releases end (eviction queue, retire queue and busy count included), with a
+    launch in flight and without."""
+    for in_flight in (False, True):
+        ends = []
+        for batched in (True, False):
+            a = BlockAllocator(16, 4)
+            a.add_request("p", list(range(12)))
+            a.allocate("p", 12)
+            a.publish(["p"]).complete()
+            a.commit("p", 12)
+            a.fork("p", "c")
+            if in_flight:
+                a.publish(["p"])  # a launch that may read the shared blocks
+            items = [(b, r) for b in a.block_table("p") for r in ("p", "c")]
+            if batched:
+                a.pool.run_many("release", items)
+            else:
+                for b, r in items:
+                    a.pool.release(b, r)
+            pool = a.pool
+            ends.append((pool.abstract(), list(pool.queue), list(pool.retire_queue),
+                         pool.cached_busy, pool.structure_errors()))
+        assert ends[0] == ends[1]
+        assert ends[0][4] == []
