@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import wraps
@@ -208,9 +209,10 @@ class BlockAllocator:
         self._entries_total = 0  # table entries, summed over live requests' tables
         self._attached_pool: Any = None
         # block_hash is a pure function: memoize it on its full input (parent hash, the
-        # block's tokens, extra keys, salt), so a shared prefix is sha256-hashed once. Bounded:
-        # cleared when it reaches _HASH_MEMO_MAX entries. None disables it.
-        self._hash_memo: dict[tuple[Any, ...], int] | None = {}
+        # block's tokens, extra keys, salt), so a shared prefix is sha256-hashed once. Bounded
+        # at _HASH_MEMO_MAX entries, the oldest dropped one at a time (clearing it all at once
+        # would pause one call for milliseconds). None disables it.
+        self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = OrderedDict()
         # The request records and pool seen as the spec's request-layer state (no copy).
         self.spec_view = request_view(self._requests, self.pool)
 
@@ -273,7 +275,7 @@ class BlockAllocator:
         if h is None:
             h = block_hash(parent, tokens, extra_keys, salt)
             if len(memo) >= _HASH_MEMO_MAX:
-                memo.clear()
+                memo.popitem(last=False)
             memo[key] = h
         return h
 

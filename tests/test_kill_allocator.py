@@ -220,7 +220,8 @@ def test_hash_memo_never_exceeds_its_bound(monkeypatch):
     for k in range(7):
         a.add_request(k, [100 + k])
         sizes.append(len(a._hash_memo))
-    assert max(sizes) == 3 and sizes[:4] == [1, 2, 3, 1]
+    assert sizes == [1, 2, 3, 3, 3, 3, 3]  # full: the oldest entry makes room, one at a time
+    assert [key[1] for key in a._hash_memo] == [(104,), (105,), (106,)]
 
 
 def test_hashes_without_the_memo():
