@@ -384,16 +384,17 @@ class BlockAllocator:
         launches are reclaimed only when the call needs the blocks they release and goes
         ahead. The spec's program of this call is ``spec.calls.allocate``."""
         req = self._req(rid)
-        hits, reserved, need = self._growth(req, num_tokens)
-        self._reclaim_launches(self._plan_room(need, hits))
-        self._grow(req, hits, reserved, need)
+        self._extend(req, num_tokens)
         return list(req.table)
 
     @_confirmed("allocate")
     def extend(self, rid: Hashable, num_tokens: int) -> list[int]:
         """``allocate``, returning only the entries this call appended (prefix hits, then new
         blocks): O(blocks added), not O(table), for a scheduler's per-step growth."""
-        req = self._req(rid)
+        return self._extend(self._req(rid), num_tokens)
+
+    def _extend(self, req: _Request, num_tokens: Any) -> list[int]:
+        """Plan the growth, reclaim what it needs, grow: the entries added."""
         hits, reserved, need = self._growth(req, num_tokens)
         self._reclaim_launches(self._plan_room(need, hits))
         return self._grow(req, hits, reserved, need)

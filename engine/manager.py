@@ -270,6 +270,13 @@ class KVCacheManager:
                                  salt if i == 0 else None))
         return hs
 
+    def _hash_filled(self, req: EngineRequest) -> None:
+        """Keep ``request.block_hashes`` current, as vLLM's Request does: hash the blocks its
+        tokens filled since (checked first, so a token that fills nothing costs no call)."""
+        if self.enable_caching and (len(req.block_hashes) + 1) * self.block_size <= len(
+                req._all):
+            self._hashes(req)
+
     def _lookup(self, req: EngineRequest) -> list[int]:
         """The blocks the allocator's first ``allocate`` would take as prefix hits now."""
         if not self.enable_caching:
@@ -384,9 +391,7 @@ class KVCacheManager:
             if entry.known < len(req._all):
                 updates.append((req.request_id, req._all[entry.known:]))
                 entry.known = len(req._all)
-                if self.enable_caching and (len(req.block_hashes) + 1) * self.block_size <= (
-                        entry.known):
-                    self._hashes(req)  # keep request.block_hashes current, as vLLM's Request
+                self._hash_filled(req)
         if updates:
             self._alloc.append_tokens_many(updates)
 
@@ -598,9 +603,7 @@ class KVCacheManager:
         """The model sampled ``token_id`` for ``request`` (``append_output_token_ids``)."""
         request.append_output_token_ids([token_id])  # the allocator learns it at the next
         # publish or commit (one step-level call for every request: ``_sync_many``)
-        if self.enable_caching and (len(request.block_hashes) + 1) * self.block_size <= len(
-                request._all):
-            self._hashes(request)  # a block filled: request.block_hashes stays current
+        self._hash_filled(request)
 
     @_locked
     def record_prefix_cache_stats(self, request: EngineRequest, num_hits: int) -> None:
