@@ -106,11 +106,17 @@ class ExploreConfig:
     max_inflight: int = 2  # launches in flight
     max_window: int = 3  # launches issued, not yet passed by the watermark
     layer: str = "pool"  # "pool" | "request"
+    label: str = ""  # names the configuration in the report beside its layer
     max_tokens: int = 4  # request layer: token ids known per request
     max_states: int = 3_000_000
     max_depth: int | None = None  # None: the search runs until no new state appears
     stop_at_first: bool = False
     drop_unobserved: bool = True
+
+
+def layer_key(config: Mapping[str, Any]) -> str:
+    """A search's name in the report: its layer, and its label if it has one."""
+    return config["layer"] + (f":{config['label']}" if config.get("label") else "")
 
 
 @dataclass
@@ -137,6 +143,7 @@ class ExploreResult:
     normalization: dict[str, Any] = field(default_factory=dict)  # normalization_lemma's result
     readers_checked: int = 0  # FREE blocks checked against the readers ghost
     frontier: int = 0  # with a depth bound: new states at the bound, checked, not expanded
+    scenarios: dict[str, int] = field(default_factory=dict)  # SCENARIOS: edges that were one
 
     @property
     def ok(self) -> bool:
@@ -298,6 +305,24 @@ def param_values(t: Transition, cfg: ExploreConfig) -> list[dict[str, Any]]:
 # --- the request layer ---------------------------------------------------------------------
 RequestKey = tuple[Any, ...]
 Readers = tuple[tuple[int, ...], ...]  # per block: the launches in flight that may read it
+
+
+def _out_of_order(name: str, p: Mapping[str, Any], s: PoolState) -> bool:
+    return name == "complete" and any(bool(s.inflight[L])
+                                      for L in range(s.clock[WATERMARK], p["L"]))
+
+
+# The patterns engines rely on, as edges of the search (transition, parameters, the state it
+# fires in): the runner requires a complete request-layer search to pass through each, so a
+# configuration too small to reach one cannot be reported as covering it.
+SCENARIOS: dict[str, Callable[[str, Mapping[str, Any], PoolState], bool]] = {
+    "a launch completes while an older one is in flight": _out_of_order,
+    "copy-on-write of a shared block": lambda name, p, s: name == "copy_write",
+    "fork sharing a block whose write is in flight":
+        lambda name, p, s: name == "fork_share" and s.wpend[p["b"]] > 0,
+    "truncation of rejected positions": lambda name, p, s: name == "truncate_tail",
+    "a prefix hit on a cached block": lambda name, p, s: name == "hit",
+}
 
 
 def request_param_values(t: RequestTransition, cfg: ExploreConfig) -> list[dict[str, Any]]:
@@ -569,6 +594,7 @@ def explore(
                  for p in request_param_values(t, cfg)] if request else []
     fired = dict.fromkeys(REQUEST_TRANSITIONS if request else transitions, 0)
     checked = dict.fromkeys(invs, 0)
+    scenarios = dict.fromkeys(SCENARIOS, 0)
     tables0 = rcodec.key(initial_request_state(init))
     readers0: Readers = tuple(() for _ in range(cfg.blocks))
     k0 = (codec.key(init), readers0, tables0 if request else None)
@@ -641,10 +667,8 @@ def explore(
             return
         rs = rcodec.state(s, tabs)  # type: ignore[arg-type]
         for name, rt, p in req_moves:
-            if not rt.guard(CONCRETE, rs, **p):
-                continue
-            rs2 = rt.effect(CONCRETE, rs, **p)
-            if not rcodec.within(rs2, cfg):
+            rs2 = rt.fire(rs, **p)
+            if rs2 is None or not rcodec.within(rs2, cfg):
                 continue  # the token bound
             yield name, p, rs2.pool, rcodec.key(rs2), readers_after(s, rs2.pool, rd)
 
@@ -660,6 +684,9 @@ def explore(
                 continue
             fired[name] += 1
             edges += 1
+            for what, seen in SCENARIOS.items():
+                if seen(name, p, s):
+                    scenarios[what] += 1
             c2 = epochs.watermark(s2)
             try:
                 n2 = epochs.normalize(s2)
@@ -705,7 +732,7 @@ def explore(
         config=asdict(cfg), states=len(parent), edges=edges, depth=max_depth,
         complete=complete, time_s=round(time.perf_counter() - t0, 3), fired=fired,
         violations=found, checked=checked, dropped_fields=dropped, normalization=norm,
-        readers_checked=readers_checked, frontier=frontier,
+        readers_checked=readers_checked, frontier=frontier, scenarios=scenarios,
     )
 
 
@@ -751,11 +778,10 @@ def walk_requests(cfg: ExploreConfig, walks: int = 200, steps: int = 150, seed: 
                 for p in rng.sample(by_name[name], len(by_name[name])):
                     t = REQUEST_TRANSITIONS[name]
                     p = _shift_launch(p, mark)
-                    if t.guard(CONCRETE, rs, **p):
-                        nxt = t.effect(CONCRETE, rs, **p)
-                        if rcodec.within(nxt, cfg):  # the token bound
-                            picked = name, p, nxt
-                            break
+                    nxt = t.fire(rs, **p)
+                    if nxt is not None and rcodec.within(nxt, cfg):  # the token bound
+                        picked = name, p, nxt
+                        break
                 if picked is not None:
                     break
             if picked is None:

@@ -20,7 +20,7 @@ import json
 import multiprocessing as mp
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,7 +31,14 @@ from pagedkv.spec.requests import REQUEST_TRANSITIONS
 from pagedkv.spec.transitions import Transition
 
 from .bmc import BMCConfig, bmc
-from .explore import ExploreConfig, ExploreResult, explore, walk_requests
+from .explore import (
+    SCENARIOS,
+    ExploreConfig,
+    ExploreResult,
+    explore,
+    layer_key,
+    walk_requests,
+)
 from .induction import COUNTEREXAMPLE, PROVED, UNKNOWN, induction_matrix, unsupported
 from .nonvacuity import ENABLED, nonvacuity
 from .request_induction import prove_all as prove_requests
@@ -107,8 +114,12 @@ def assumptions(bcfg: BoundedConfig, ecfgs: list[ExploreConfig], mcfg: BMCConfig
         "requests (positions kept as (blocks, offset) pairs: linear), assuming the pool "
         "invariants without pool-wide sums plus two lemmas proved from ref_matches_holders "
         "(a held block has ref >= 1, one held by two holders ref >= 2). The request layer is "
-        "also searched breadth-first to a depth bound (every state up to it), and by seeded "
-        "random walks deep enough for prefix hits and evictions.",
+        "also searched breadth-first to the end in small configurations (block size 1, "
+        "which leaves out learn and reserve; the quick report bounds the search by depth "
+        "instead), each required to pass through the patterns it is there for (launches "
+        "completing out of order, copy-on-write, fork while a write is in flight, "
+        "truncation; prefix hits), and by seeded random walks with block size 2, deep "
+        "enough for prefix hits and evictions.",
         "A fork shares a block whose write is still in flight: the child's launches are "
         "published later, so on the one stream they run after the write.",
         f"Exploration ({layers}): hash values {list(e.hashes)} shared by every holder's "
@@ -121,6 +132,37 @@ def assumptions(bcfg: BoundedConfig, ecfgs: list[ExploreConfig], mcfg: BMCConfig
         f"hashes {list(mcfg.hashes)}, no launch bound, no normalization; deepened until the "
         "time budget.",
     ]
+
+
+# The request layer searched to the end (no depth bound): two launches in flight completing
+# in any order, copy-on-write, fork while a write is in flight, truncation; and, with one
+# launch in flight and two known tokens per request, prefix hits. Each must pass through the
+# SCENARIOS it names (a block size of 1 keeps them finite: learn and reserve need 2, and are
+# left to the walks, the depth-bounded quick search and the unbounded z3 proof).
+COMPLETE_REQUEST_SEARCHES = (
+    ExploreConfig(blocks=2, holders=2, block_size=1, max_inflight=2, max_window=2,
+                  layer="request", max_tokens=1, hashes=(1,)),
+    ExploreConfig(blocks=2, holders=2, block_size=1, max_inflight=1, max_window=1,
+                  layer="request", label="hits", max_tokens=2, hashes=(1,)),
+)
+REQUIRED_SCENARIOS: dict[str, tuple[str, ...]] = {
+    "request": tuple(SCENARIOS)[:4],
+    "request:hits": tuple(SCENARIOS)[4:],
+}
+
+
+def scenario_failures(exps: Iterable[ExploreResult]) -> list[str]:
+    """A search run to the end (no depth bound) that never passed through a scenario
+    ``REQUIRED_SCENARIOS`` names for it is a failure: its configuration is too small to
+    cover what it is reported as covering."""
+    out = []
+    for e in exps:
+        if e.config.get("max_depth") is not None:
+            continue
+        key = layer_key(e.config)
+        out += [f"explorer[{key}]: never passed through {what!r}"
+                for what in REQUIRED_SCENARIOS.get(key, ()) if not e.scenarios.get(what)]
+    return out
 
 
 def _explore_child(conn: Any, cfgs: list[ExploreConfig], transitions: Any, invariants: Any
@@ -186,8 +228,7 @@ def run_all(
             explore_cfgs = [
                 ExploreConfig(blocks=3, holders=2, block_size=1, max_inflight=1, max_window=2,
                               layer="pool"),
-                ExploreConfig(blocks=2, holders=2, block_size=2, max_inflight=2, max_window=2,
-                              layer="request", max_tokens=3, hashes=(1,), max_depth=8),
+                *COMPLETE_REQUEST_SEARCHES,
             ]
     mcfg = bmc_cfg or BMCConfig(budget_s=5.0 if quick else 12.0)
     timings: dict[str, float] = {}
@@ -224,8 +265,8 @@ def run_all(
     exps = join() + rest
     timings["explorer_wait_s"] = round(time.perf_counter() - tt, 2)
     for e in exps:
-        timings[f"explore_{e.config['layer']}_s"] = e.time_s
-        say(f"explore[{e.config['layer']}]: {e.states} states, {e.edges} edges, "
+        timings[f"explore_{layer_key(e.config)}_s"] = e.time_s
+        say(f"explore[{layer_key(e.config)}]: {e.states} states, {e.edges} edges, "
             f"complete={e.complete}, violations={list(e.violations)}")
 
     failures: list[str] = []
@@ -240,7 +281,7 @@ def run_all(
         reach = {}
         for e in exps:
             v = e.violations.get(name)
-            reach[e.config["layer"]] = {
+            reach[layer_key(e.config)] = {
                 "result": "violated" if v else ("holds" if e.complete else "incomplete"),
                 "states": e.states,
                 "trace": v.trace if v else None,
@@ -270,7 +311,7 @@ def run_all(
         reach = {}
         for e in req_layer:
             v = e.violations.get(name)
-            reach[e.config["layer"]] = {
+            reach[layer_key(e.config)] = {
                 "result": "violated" if v else ("holds" if e.complete else "incomplete"),
                 "states": e.states, "trace": v.trace if v else None,
                 "text": v.text if v else None}
@@ -294,7 +335,7 @@ def run_all(
             failures.append(f"request walks {vname}: {text}")
     r_rows = {}
     for name in (REQUEST_TRANSITIONS if request_layer else ()):
-        fired = {e.config["layer"]: e.fired.get(name, 0) for e in req_layer}
+        fired = {layer_key(e.config): e.fired.get(name, 0) for e in req_layer}
         fired["walks"] = walks.fired.get(name, 0)
         r_rows[name] = {"fired": fired}
         if not any(fired.values()):
@@ -310,7 +351,7 @@ def run_all(
     t_rows: dict[str, dict[str, Any]] = {}
     for name in transitions:
         nvs = {e.mode: e.result for e in nv.get(name, [])}
-        fired = {e.config["layer"]: e.fired.get(name, 0) for e in exps}
+        fired = {layer_key(e.config): e.fired.get(name, 0) for e in exps}
         t_rows[name] = {"nonvacuity": nvs, "fired": fired,
                         "witness": next((e.text for e in nv.get(name, []) if e.text), None)}
         if any(v != ENABLED for v in nvs.values()):
@@ -318,13 +359,14 @@ def run_all(
         if exps and not any(fired.values()):
             failures.append(f"transition {name}: never fired in the explorer")
 
-    ex_rows = {e.config["layer"]: _exp(e) for e in exps}
+    ex_rows = {layer_key(e.config): _exp(e) for e in exps}
     for e in exps:
         if not e.complete:
-            failures.append(f"explorer[{e.config['layer']}] incomplete (state cap)")
+            failures.append(f"explorer[{layer_key(e.config)}] incomplete (state cap)")
         for vname, v in e.violations.items():  # the explorer's own checks (not invariants)
             if vname not in invariants:
-                failures.append(f"explorer[{e.config['layer']}] {vname}: {v.text}")
+                failures.append(f"explorer[{layer_key(e.config)}] {vname}: {v.text}")
+    failures += scenario_failures(exps)
     if mres.violation:
         failures.append(f"bmc: violation {mres.violation}")
 
@@ -340,8 +382,8 @@ def run_all(
         "request_walk_steps": sum(walks.fired.values()),
         "safety_claims": len(claims),
         "safety_proved": sum(c.result == PROVED for c in claims),
-        "reachable_states": {e.config["layer"]: e.states for e in exps},
-        "edges": {e.config["layer"]: e.edges for e in exps},
+        "reachable_states": {layer_key(e.config): e.states for e in exps},
+        "edges": {layer_key(e.config): e.edges for e in exps},
         "bmc_depth": mres.depth,
         "time_s": round(time.perf_counter() - t0, 2),
         **timings,
@@ -439,6 +481,10 @@ def format_table(r: ProofReport) -> str:
                   f"{e.get('frontier', 0)} at the bound")
         lines.append(f"explorer[{layer}]: {e['states']} states, {e['edges']} edges, depth "
                      f"{e['depth']}, {extent}, {e['time_s']}s")
+        seen = {k: v for k, v in (e.get("scenarios") or {}).items() if v}
+        if seen:
+            lines.append("  passed through: " + "; ".join(f"{k} ({v:,} edges)"
+                                                         for k, v in seen.items()))
         norm = e.get("normalization") or {}
         own = [k for k in e["violations"] if k not in r.invariants]
         lines.append(f"  epoch normalization lemma: "

@@ -116,9 +116,10 @@ class CallRun:
         t = REQUEST_TRANSITIONS[name]
         if name in ("admit", "fork_open") and params["r"] not in s.pool.holder_ids:
             s = s.replace(pool=s.pool.replace(holder_ids=(*s.pool.holder_ids, params["r"])))
-        if not t.guard(CONCRETE, s, **params):
+        post = t.fire(s, **params)
+        if post is None:
             raise CallRefused(why_refused(s, name, **params), step=(name, params))
-        s = t.effect(CONCRETE, s, **params)
+        s = post
         if self.flatten:
             s = s.flattened()
         if name == "close":
@@ -128,7 +129,7 @@ class CallRun:
         self.steps.append((name, params))
 
     def enabled(self, name: str, **params: Any) -> bool:
-        return bool(REQUEST_TRANSITIONS[name].guard(CONCRETE, self.state, **params))
+        return REQUEST_TRANSITIONS[name].fire(self.state, **params) is not None
 
     def take(self, why: str) -> int:
         """A block for an allocation: the chooser's, after the evictions it asks for."""

@@ -33,7 +33,7 @@ from typing import Any
 
 from .model import ARRAY_FIELDS as POOL_FIELDS
 from .model import PoolState
-from .ops import Arr, flatten
+from .ops import CONCRETE, Arr, flatten
 from .states import ALLOCATED, ISSUED, NO_HASH, PUBLISHED, REFERENCED
 from .transitions import PARAM_KINDS, TRANSITIONS
 
@@ -195,6 +195,25 @@ class RequestTransition:
     def effect(self, ops: Any, s: RequestState, **params: Any) -> RequestState:
         _, steps, finish = self.plan(ops, s, **params)
         _, pool = run_steps(ops, s.pool, steps)
+        return finish(pool)
+
+    def fire(self, s: RequestState, **params: Any) -> RequestState | None:
+        """Concrete: ``effect`` when ``guard`` holds, else None, from one plan, stopping at
+        the first false condition: the table's conditions, then each step's guard on the
+        state the steps before it left (what ``guard`` conjoins), skipping a step whose
+        ``when`` is false (its guard is then implied and its effect is not applied)."""
+        conds, steps, finish = self.plan(CONCRETE, s, **params)
+        for c in conds:
+            if not c:
+                return None
+        pool = s.pool
+        for name, p, when in steps:
+            if not when:
+                continue
+            t = TRANSITIONS[name]
+            if not t.guard(CONCRETE, pool, **p):
+                return None
+            pool = t.effect(CONCRETE, pool, **p)
         return finish(pool)
 
 
@@ -551,12 +570,8 @@ REQUEST_TRANSITIONS: dict[str, RequestTransition] = {
 
 def request_step(s: RequestState, name: str, **params: Any) -> RequestState | None:
     """Run one request transition concretely: the post-state, or None if the guard fails."""
-    from .ops import CONCRETE
-
-    t = REQUEST_TRANSITIONS[name]
-    if not t.guard(CONCRETE, s, **params):
-        return None
-    return t.effect(CONCRETE, s, **params).flattened()
+    post = REQUEST_TRANSITIONS[name].fire(s, **params)
+    return None if post is None else post.flattened()
 
 
 

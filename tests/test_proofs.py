@@ -327,3 +327,26 @@ def test_run_all_reports_failures_and_is_json():
     d = json.loads(rep.to_json())
     assert d["ok"] is False and d["assumptions"]
     assert "NOT OK" in rep.table()
+
+
+def test_a_complete_search_must_pass_through_the_scenarios_it_covers():
+    """One launch in flight at a time and one holder: no completion out of order, no fork,
+    no copy; the runner reports each scenario the search was required to pass through and
+    never did (and requires nothing of a depth-bounded search)."""
+    from pagedkv.proofs.explore import SCENARIOS
+    from pagedkv.proofs.runner import REQUIRED_SCENARIOS, scenario_failures
+
+    small = explore(ExploreConfig(blocks=1, holders=1, block_size=1, max_inflight=1,
+                                  max_window=1, layer="request", max_tokens=1, hashes=(1,)))
+    assert small.complete and small.ok
+    assert small.scenarios["truncation of rejected positions"] > 0
+    missing = scenario_failures([small])
+    assert missing == [f"explorer[request]: never passed through {w!r}" for w in (
+        "a launch completes while an older one is in flight", "copy-on-write of a shared block",
+        "fork sharing a block whose write is in flight")]
+    assert set(REQUIRED_SCENARIOS["request"]) | set(REQUIRED_SCENARIOS["request:hits"]) == set(
+        SCENARIOS)
+    bounded = explore(ExploreConfig(blocks=1, holders=1, block_size=1, max_inflight=1,
+                                    max_window=1, layer="request", max_tokens=1, hashes=(1,),
+                                    max_depth=3))
+    assert scenario_failures([bounded]) == []

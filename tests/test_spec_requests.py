@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkv.proofs.explore import ExploreConfig, explore, walk_requests
+from pagedkv.proofs.explore import (
+    ExploreConfig,
+    explore,
+    request_param_values,
+    walk_requests,
+)
 from pagedkv.proofs.request_induction import (
     COUNTEREXAMPLE,
     PROVED,
@@ -26,7 +31,14 @@ from pagedkv.spec import (
     violations,
 )
 from pagedkv.spec.model import initial_state
-from pagedkv.spec.requests import NO_HASH, RequestTransition, count, table_of
+from pagedkv.spec.requests import (
+    NO_HASH,
+    REQUEST_PARAM_KINDS,
+    RequestTransition,
+    count,
+    table_of,
+)
+from pagedkv.spec.states import WATERMARK
 
 POOL_INVS = sum_free_invariants(INVARIANTS)
 
@@ -205,3 +217,37 @@ def test_every_field_declares_its_index_kinds():
         while hasattr(v, "default"):
             depth, v = depth + 1, v.default
         assert depth == len(kinds), f
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fire_is_the_guard_then_the_effect(seed):
+    """``fire`` (the explorer's and the call programs' lazy evaluation) agrees with ``guard``
+    and ``effect`` on every move of every state of seeded walks through the request layer."""
+    import random
+
+    from pagedkv.spec import CONCRETE
+
+    rng = random.Random(seed)
+    cfg = ExploreConfig(blocks=3, holders=2, block_size=2, max_window=3, layer="request",
+                        max_tokens=5, hashes=(1, 2))
+    moves = [(t, p) for t in REQUEST_TRANSITIONS.values() for p in request_param_values(t, cfg)]
+    s = initial_request_state(initial_state(cfg.blocks, cfg.block_size, range(cfg.holders)))
+    fired = refused = 0
+    for _ in range(40):
+        enabled = []
+        for t, p in moves:
+            mark = s.pool.clock[WATERMARK]
+            p = {k: v + mark if REQUEST_PARAM_KINDS[k] == "launch" else v for k, v in p.items()}
+            post = t.fire(s, **p)
+            assert (post is not None) == bool(t.guard(CONCRETE, s, **p)), (t.name, p)
+            if post is None:
+                refused += 1
+                continue
+            fired += 1
+            assert post.flattened() == t.effect(CONCRETE, s, **p).flattened(), (t.name, p)
+            if count(post, "known", 0) <= cfg.max_tokens >= count(post, "known", 1):
+                enabled.append(post.flattened())
+        if not enabled:
+            break
+        s = rng.choice(enabled)
+    assert fired > 40 and refused > fired
