@@ -76,9 +76,11 @@ class ProofReport:
 
 def assumptions(bcfg: BoundedConfig, ecfgs: list[ExploreConfig], mcfg: BMCConfig) -> list[str]:
     e = ecfgs[0]
-    layers = ", ".join(f"{c.layer}: {c.blocks} blocks, {c.holders} holders, block size "
-                       f"{c.block_size}, at most {c.max_inflight} launches in flight and "
-                       f"{c.max_window} issued past the watermark" for c in ecfgs)
+    layers = ", ".join(f"{layer_key(asdict(c))}: {c.blocks} blocks, {c.holders} holders, "
+                       f"block size {c.block_size}, at most {c.max_inflight} launches in "
+                       f"flight and {c.max_window} issued past the watermark"
+                       + (f", {c.max_tokens} known tokens per request" if c.layer == "request"
+                          else "") for c in ecfgs)
     return [
         "Launches are numbered in publish order (launch L is published when clock[ISSUED] = "
         "L): launches on one stream run in publish order, but their completions may arrive "
