@@ -76,7 +76,7 @@ class ProofReport:
 
 def assumptions(bcfg: BoundedConfig, ecfgs: list[ExploreConfig], mcfg: BMCConfig) -> list[str]:
     e = ecfgs[0]
-    layers = ", ".join(f"{layer_key(asdict(c))}: {c.blocks} blocks, {c.holders} holders, "
+    layers = "; ".join(f"{layer_key(asdict(c))}: {c.blocks} blocks, {c.holders} holders, "
                        f"block size {c.block_size}, at most {c.max_inflight} launches in "
                        f"flight and {c.max_window} issued past the watermark"
                        + (f", {c.max_tokens} known tokens per request" if c.layer == "request"
