@@ -7,6 +7,7 @@ import pytest
 
 from pagedkv.proofs.explore import (
     ExploreConfig,
+    _shift_launch,
     explore,
     request_param_values,
     walk_requests,
@@ -33,7 +34,6 @@ from pagedkv.spec import (
 from pagedkv.spec.model import initial_state
 from pagedkv.spec.requests import (
     NO_HASH,
-    REQUEST_PARAM_KINDS,
     RequestTransition,
     count,
     table_of,
@@ -236,8 +236,7 @@ def test_fire_is_the_guard_then_the_effect(seed):
     for _ in range(40):
         enabled = []
         for t, p in moves:
-            mark = s.pool.clock[WATERMARK]
-            p = {k: v + mark if REQUEST_PARAM_KINDS[k] == "launch" else v for k, v in p.items()}
+            p = _shift_launch(p, s.pool.clock[WATERMARK])
             post = t.fire(s, **p)
             assert (post is not None) == bool(t.guard(CONCRETE, s, **p)), (t.name, p)
             if post is None:
