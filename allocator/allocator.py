@@ -464,8 +464,8 @@ class BlockAllocator:
         if hits:
             req.computed = req.issued = len(hits) * self.block_size
             self._prefix_hit_tokens += req.computed
-        for _ in range(need):
-            table.append(pool.take(rid))
+        if need > 0:  # the queue's FREE head run in one batch (as ``need`` takes would)
+            table += pool.take_many(rid, need)
         if len(table) > start:
             self._put_rows(req, start)
             self._entries_total += len(table) - start
@@ -504,14 +504,16 @@ class BlockAllocator:
         in order. All or nothing: every pair is checked before anything is committed (a
         commit only makes another's condition easier: it never un-writes a block). The
         spec's program is ``spec.calls.commit_many``: ``commit`` of each pair in order."""
-        checked = [(req, self._commit_check(req, n))
+        written = self.pool.predicate(slots_written, ("b", "k"))
+        checked = [(req, self._commit_check(req, n, written))
                    for req, n in self._batch(updates, "commit_many")]
         for req, n in checked:
             self._commit(req, n)
 
-    def _commit_check(self, req: _Request, num_tokens: Any) -> int:
+    def _commit_check(self, req: _Request, num_tokens: Any, written: Any = None) -> int:
         """``num_tokens`` as an int if req may commit that far now; CommitError (or
-        TokensUnknown) naming the condition otherwise. Changes nothing."""
+        TokensUnknown) naming the condition otherwise. Changes nothing. ``written``: the
+        pool's compiled ``slots_written`` (looked up here if not given)."""
         num_tokens = check_count(num_tokens, "num_tokens")
         rid, B = req.rid, self.block_size
         if num_tokens < req.computed:
@@ -528,9 +530,9 @@ class BlockAllocator:
             )
         if num_tokens == req.computed:
             return num_tokens
-        pool = self.pool
-        state = pool.state
-        written = pool.predicate(slots_written, ("b", "k"))
+        state = self.pool.state
+        if written is None:
+            written = self.pool.predicate(slots_written, ("b", "k"))
         # The blocks holding positions computed..num_tokens-1.
         for i in range(req.computed // B, -(-num_tokens // B)):
             b = req.table[i]

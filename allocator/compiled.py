@@ -11,6 +11,7 @@ cannot express (Python truth tests on terms, unknown constants) falls back to in
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pagedkv.spec import CONCRETE, NO_HASH, PARAM_KINDS, Overlay
@@ -341,49 +342,124 @@ def batch_code(t: Any, label: str) -> Any:
     """Code of ``run_many(items)``: transition t on each parameter tuple of ``items`` in turn,
     its guard and its effect both the spec's own, compiled. Each guard is evaluated on the
     state the previous elements left; the effect's stores are computed on that state (as the
-    spec's effect reads its pre-state) and written straight into the pool's lists. Returns
-    the index of the first element whose guard fails (it and the rest not applied), or -1.
+    spec's effect reads its pre-state: every key and value that reads the pool is evaluated
+    into a local before the first store, each pool cell and each repeated subexpression
+    once (``_hoisted``); constants and parameters are written as they are) and written
+    straight into the pool's lists and holders' sets. Returns the index of the
+    first element whose guard fails or cannot be evaluated (a ``TypeError``: an unhashable
+    holder; the caller's single transition then says why), it and the rest not applied; or
+    -1.
 
     Only for transitions whose effect stores into list fields and holders' sets (no hash
     map, no launch set): None otherwise, and the caller runs the single transitions."""
     key = ("batch", t.effect, t.guard, t.params)
     if key in _CODE_CACHE:
         return _CODE_CACHE[key]
-    code = None
+    src = batch_source(t)
+    code = None if src is None else compile(src, f"<spec {label}, batched>", "exec")
+    _CODE_CACHE[key] = code
+    return code
+
+
+def batch_source(t: Any) -> str | None:
+    """The Python source ``batch_code`` compiles, or None (see there)."""
+    src = None
     guard = predicate_source(t.guard, t.params)
     post = _source_of(t.effect, t.params)
     if t.params and guard is not None and isinstance(post, _SymPost) and post.fields:
         try:
-            values: list[str] = []
+            reads: list[str] = []  # "_t{i} = <source>", evaluated on the pre-state
             stores: list[str] = []
+
+            def pure(src: str) -> str:
+                """src itself if it reads nothing of the pool, else a local holding it."""
+                if src in t.params or _CONSTANT.fullmatch(src):
+                    return src
+                reads.append(f"        _t{len(reads)} = {src}")
+                return f"_t{len(reads) - 1}"
+
             for f, arr in post.fields.items():
                 attr, rep = FIELDS[f]
                 if rep == NHELD:
                     continue  # the size of the holder's set: follows from the holds stores
                 if rep == HOLDS:
                     for r, b, v in _holds_entries(arr):
-                        i = len(values)
-                        stores.append(f"        ({attr}[_P[{i}]].add if _P[{i + 2}] else "
-                                      f"{attr}[_P[{i}]].discard)(_P[{i + 1}])")
-                        values += [r, b, f"bool({v})"]
+                        r, b = pure(r), pure(b)
+                        if v in ("True", "False"):
+                            op = "add" if v == "True" else "discard"
+                            stores.append(f"        {attr}[{r}].{op}({b})")
+                        else:
+                            v = pure(f"bool({v})")
+                            stores.append(f"        ({attr}[{r}].add if {v} else "
+                                          f"{attr}[{r}].discard)({b})")
                     continue
                 if rep != "list" or not isinstance(arr, _SymStore):
                     raise _Unsupported(f"{f} is not a list store chain")
                 for k, v in arr.entries():  # oldest first: a later store to a key wins
-                    stores.append(f"        {attr}[_P[{len(values)}]] = _P[{len(values) + 1}]")
-                    values += [k, v]
+                    k, v = pure(k), pure(v)
+                    stores.append(f"        {attr}[{k}] = {v}")
             params = ", ".join(t.params)
             src = (f"def run_many(items):\n"
                    f"    for _i, ({params},) in enumerate(items):\n"
-                   f"        if not ({guard}):\n"
-                   f"            return _i\n"
-                   f"        _P = ({', '.join(values)},)\n" + "\n".join(stores)
+                   f"        try:\n"
+                   f"            if not ({guard}):\n"
+                   f"                return _i\n"
+                   f"        except TypeError:\n"  # an unhashable holder: refused, unapplied
+                   f"            return _i\n" + "\n".join(_hoisted(reads, guard, t.params)
+                                                     + stores)
                    + "\n    return -1\n")
-            code = compile(src, f"<spec {label}, batched>", "exec")
         except _Unsupported:
-            code = None
-    _CODE_CACHE[key] = code
-    return code
+            src = None
+    return src
+
+
+# A literal the symbolic evaluation writes (``_lit``): an int, a bool or None.
+_CONSTANT = re.compile(r"-?[0-9]+|True|False|None")
+
+# A read of one list field at a block parameter or at a constant index: ``state[b]``.
+_CELL = re.compile(r"\b(" + "|".join(f for f, (_, rep) in FIELDS.items() if rep == "list")
+                   + r")\[([a-z]|[0-9]+)\]")
+
+
+def _wrapped(expr: str) -> bool:
+    """expr is one parenthesized expression: its first ``(`` closes at its last character."""
+    if not expr.startswith("("):
+        return False
+    depth = 0
+    for i, ch in enumerate(expr):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+            return i == len(expr) - 1
+    return False
+
+
+def _hoisted(reads: list[str], guard: str, params: tuple[str, ...]) -> list[str]:
+    """``reads`` with every list cell they read (``state[b]``, ``clock[0]``) read once into a
+    local first: the spec's effect expressions repeat them many times. Only cells that are
+    safe to read whatever branch the expressions take: at a block parameter the guard has
+    already range-checked (``_in_pool``), or at a constant index of ``clock``. The reads all
+    see the pre-state (no store comes before them), so reading a cell once is the same."""
+    checked = {p for p in params
+               if f"({p} >= 0) and ({p} < num_blocks)" in guard}
+    cells: dict[str, str] = {}
+
+    def local(m: re.Match[str]) -> str:
+        field, key = m.group(1), m.group(2)
+        if not (key in checked or (field == "clock" and key.isdigit())):
+            return m.group(0)
+        return cells.setdefault(m.group(0), f"_c{len(cells)}")
+
+    body: list[str] = []
+    done: list[tuple[str, str]] = []  # (an earlier local, its expression), longest first
+    for line in reads:
+        name, expr = _CELL.sub(local, line).strip().split(" = ", 1)
+        for prev, prev_expr in done:  # pure expressions of the same pre-state: reuse
+            expr = prev if expr == prev_expr else expr.replace(prev_expr, prev)
+        body.append(f"        {name} = {expr}")
+        if _wrapped(expr):  # a whole subexpression wherever its text appears
+            done.append((name, expr))
+            done.sort(key=lambda pair: -len(pair[1]))
+    return [f"        {v} = {cell}" for cell, v in cells.items()] + body
 
 
 def _holds_entries(arr: Any) -> list[tuple[str, str, str]]:

@@ -49,6 +49,31 @@ class BlockQueue:
         self.inq[b] = False
         self.length -= 1
 
+    def head_run(self, state: list[int], want: int, limit: int) -> list[int]:
+        """The blocks from the head on, in queue order, while ``state[b] == want``: at most
+        ``limit`` of them. Nothing is unlinked (``cut_head`` does, once they are taken)."""
+        nxt, sentinel = self._next, self._sentinel
+        out: list[int] = []
+        b = nxt[sentinel]
+        for _ in range(limit):
+            if b == sentinel or state[b] != want:
+                break
+            out.append(b)
+            b = nxt[b]
+        return out
+
+    def cut_head(self, taken: list[tuple[int, ...]]) -> None:
+        """Unlink the first ``len(taken)`` blocks, which are the blocks ``taken[i][0]`` in
+        queue order (a prefix of what ``head_run`` returned): O(1) links. Their ``inq``
+        flags are the caller's: the spec's effect of the transition that took them (allocate)
+        clears them (``queued``), and the structure check compares flags with links."""
+        if not taken:
+            return
+        q = self._next[taken[-1][0]]
+        self._next[self._sentinel] = q
+        self._prev[q] = self._sentinel
+        self.length -= len(taken)
+
     def __iter__(self) -> Iterator[int]:
         b = self._next[self._sentinel]
         while b != self._sentinel:

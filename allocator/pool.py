@@ -192,11 +192,12 @@ class BlockPool(PoolStorage):
             self._predicates[key] = f
         return f
 
-    # Transitions a step or a free performs once per block: their spec effects store into the
-    # pool's lists and holder sets only, so a batch runs as one compiled loop of the spec's
-    # guard and effect. What the pool keeps beyond the spec (the eviction queue's links, the
-    # retire queue, the busy count, recycling) follows in ``_after``, as the methods do it.
-    BATCHED = ("publish", "begin_write", "end_write", "release")
+    # Transitions a step, an admission or a free performs once per block: their spec effects
+    # store into the pool's lists and holder sets only, so a batch runs as one compiled loop of
+    # the spec's guard and effect. What the pool keeps beyond the spec (the eviction queue's
+    # links, the retire queue, the busy count, recycling) follows, as the methods do it:
+    # ``_after_allocate``, ``_after_release``.
+    BATCHED = ("allocate", "publish", "begin_write", "end_write", "release", "recycle")
 
     def run_many(self, name: str, items: Sequence[tuple[Any, ...]]) -> None:
         """Transition ``name`` (one of ``BATCHED``) on each parameter tuple of ``items``, in
@@ -206,15 +207,28 @@ class BlockPool(PoolStorage):
         compiled from the spec (``compiled.batch_code``, checked against the interpreted spec
         on the probe states first): the effect that runs is the spec's, so checked mode has no
         effect to compare and re-evaluates the local invariants on the touched blocks, in
-        their compiled form. What ``release`` keeps beyond the spec follows in
-        ``_after_release``; after ``end_write`` and ``release`` each block is recycled if it
-        can be, as the single transitions do. A spec entry that does not compile runs as the
-        single transitions."""
+        their compiled form. What ``allocate``, ``release`` and ``recycle`` keep beyond the
+        spec follows (``_after_allocate``, ``_after_release``; a recycled block goes to the
+        queue's head); after ``end_write`` and ``release`` each block is recycled if it can
+        be, as the single transitions do (as one batch: ``_recycle_ready``). A spec entry
+        that does not compile runs as the single transitions."""
         if name not in self.BATCHED:
             raise InvalidArgument(f"run_many runs {self.BATCHED}, not {name!r}")
+        run = self._batch(name)
+        if run is None:
+            single = getattr(self, name)
+            for args in items:
+                single(*args)
+            return
+        self._run_batch(name, run, items)
+
+    def _batch(self, name: str) -> Any:
+        """The compiled batch of spec transition ``name`` (``compiled.batch_code``, used only
+        if ``batch_agrees`` with the interpreted spec), or None: run the single transitions.
+        Compiled anew when the spec entry is replaced."""
         t = self.spec[name]
-        fn = self._batched.get(name, (None, None))
-        if fn[0] is not t:
+        fn = self._batched.get(name)
+        if fn is None or fn[0] is not t:
             code = batch_code(t, name) if self.compile_spec else None
             run = None
             if code is not None and batch_agrees(t, code):
@@ -222,33 +236,65 @@ class BlockPool(PoolStorage):
                 exec(code, ns)
                 run = ns["run_many"]
             fn = self._batched[name] = (t, run)
-        run = fn[1]
-        if run is None:
-            single = getattr(self, name)
-            for args in items:
-                single(*args)
-            return
+        return fn[1]
+
+    def _run_batch(self, name: str, run: Any, items: Sequence[tuple[Any, ...]],
+                   unlinked: Any = None) -> None:
+        """``run_many``'s compiled path. ``unlinked(done)``: for ``allocate``, unlinks the
+        blocks allocated from the eviction queue (default: ``_after_allocate``)."""
         stamp = self.clock[ISSUED]
         retired_before = [self.retire[args[0]] for args in items] if name == "release" else ()
         failed = run(items)
         done = items if failed < 0 else items[:failed]
         if name == "release":
             self._after_release(done, retired_before, stamp)
+        elif name == "allocate":
+            (unlinked or self._after_allocate)(done)
+        elif name == "recycle":
+            push_head = self.queue.push_head
+            for args in done:
+                push_head(args[0])
         if self.checked:
             self._check_invariants(name, {args[0] for args in done})
         trace, recycles = self.trace, name in ("end_write", "release")
-        if trace is not None or recycles:
+        if trace is None and recycles:
+            # A recycle commutes with the other blocks' transitions of the batch, and each
+            # block reaches the queue's head in the same order as by single transitions.
+            self._recycle_ready(done)
+        elif trace is not None:
             # Recorded as the single transitions record them: each one, then its block's
-            # recycle (a recycle commutes with the other blocks' transitions of the batch).
+            # recycle.
+            params = self.spec[name].params
             for args in done:
-                if trace is not None:
-                    trace.append((name, dict(zip(t.params, args, strict=True))))
+                trace.append((name, dict(zip(params, args, strict=True))))
                 if recycles:
                     self._recycle_if_safe(args[0])
         if failed >= 0:
             self._enter(name, *items[failed])  # raises the guard's typed error, in words
             raise AssertionError(f"{name}{items[failed]}: the compiled guard refused "
                                  "what the spec's allows")  # pragma: no cover
+
+    def _recycle_ready(self, done: Sequence[tuple[Any, ...]]) -> None:
+        """Recycle, as one batch of the spec's ``recycle``, each block of ``done`` (in order,
+        once) whose recycle guard holds now: what ``_recycle_if_safe`` does per block."""
+        state, guard = self.state, self._entry("recycle")[1]
+        ready: list[tuple[int]] = []
+        seen: set[int] = set()
+        for args in done:
+            b = args[0]
+            if state[b] == RECLAIMED and b not in seen and guard(b):
+                seen.add(b)
+                ready.append((b,))
+        if ready:
+            self.run_many("recycle", ready)
+
+    def _after_allocate(self, done: Sequence[tuple[Any, ...]]) -> None:
+        """What ``allocate`` does beyond the spec's effect, for a batch the compiled loop
+        allocated (the spec's effect already cleared ``queued``): each block leaves the
+        eviction queue's links."""
+        unlink = self.queue.unlink
+        for args in done:
+            unlink(args[0])
 
     def _after_release(self, done: Sequence[tuple[Any, ...]], retired_before: Sequence[int],
                        stamp: int) -> None:
@@ -677,6 +723,7 @@ class BlockPool(PoolStorage):
         again later (another stamp) or revived is stale and dropped."""
         q, retire, state = self.retire_queue, self.retire, self.state
         watermark = self.clock[WATERMARK]
+        reclaimed: list[tuple[int]] = []
         while q and q[0][0] <= watermark:
             stamp, b = q.popleft()
             if retire[b] != stamp:
@@ -685,7 +732,9 @@ class BlockPool(PoolStorage):
             if st == CACHED:
                 self.cached_busy -= 1
             elif st == RECLAIMED:
-                self._recycle_if_safe(b)
+                reclaimed.append((b,))
+        if reclaimed:
+            self._recycle_ready(reclaimed)
 
     # ---- composite helpers -------------------------------------------------------------------
     def busy(self, b: int) -> bool:
@@ -718,6 +767,48 @@ class BlockPool(PoolStorage):
                 continue
             self.allocate(b, r)
             return b
+
+    # Unchecked, a single allocate costs about what a compiled batch of two does (the batch's
+    # setup), less than a batch of one; checked, the batch is cheaper from one block on.
+    UNCHECKED_BATCH_MIN = 3
+
+    def take_many(self, r: Hashable, n: int) -> list[int]:
+        """``take(r)`` n times: the same blocks in the same order, the same evictions of
+        CACHED heads (LRU order), the same transitions recorded, the same errors (the blocks
+        taken before a refused one stay taken, as with single calls). The run of FREE blocks
+        at the queue's head is allocated as one compiled batch of the spec's ``allocate``
+        (``run_many``'s path: guard and effect the spec's, checked mode re-checks the touched
+        blocks' local invariants), then cut from the queue's links at once; a CACHED head is
+        evicted by the single transition. Unchecked, fewer than ``UNCHECKED_BATCH_MIN`` blocks
+        are taken by single transitions, which cost less there than a batch that short. The
+        caller has checked ``usable()``, as for ``take``."""
+        if type(n) is not int or n < 0:
+            n = check_count(n, "n (blocks taken)")
+        queue, state, checked = self.queue, self.state, self.checked
+        if n < self.UNCHECKED_BATCH_MIN and not checked:
+            return [self.take(r) for _ in range(n)]
+        out: list[int] = []
+        run = None
+        while True:
+            left = n - len(out)
+            if left <= 0:
+                return out
+            b = queue.head()
+            if b is None:  # callers check usable() first; take fails here too
+                raise AssertionError("take_many() on an exhausted pool")
+            if state[b] == CACHED:
+                self.evict(b)
+                continue
+            batch = checked or left >= self.UNCHECKED_BATCH_MIN
+            if batch and run is None:
+                run = self._batch("allocate")
+            blocks = queue.head_run(state, FREE, left) if batch and run is not None else ()
+            if not blocks:  # a short run unchecked, interpreted, or a head neither FREE
+                self.allocate(b, r)  # nor CACHED (refused there, as take refuses it)
+                out.append(b)
+                continue
+            self._run_batch("allocate", run, [(b, r) for b in blocks], queue.cut_head)
+            out += blocks
 
     def lookup(self, h: int) -> int | None:
         b = self.hmap.get(h)
