@@ -93,7 +93,7 @@ def _confirmed(call: str) -> Callable[[_F], _F]:
     return wrap
 
 
-_HASH_MEMO_MAX = 1 << 16
+_HASH_MEMO_MAX = 1 << 13
 
 
 @dataclass
@@ -209,9 +209,11 @@ class BlockAllocator:
         self._entries_total = 0  # table entries, summed over live requests' tables
         self._attached_pool: Any = None
         # block_hash is a pure function: memoize it on its full input (parent hash, the
-        # block's tokens, extra keys, salt), so a shared prefix is sha256-hashed once. Bounded
-        # at _HASH_MEMO_MAX entries, the oldest dropped one at a time (clearing it all at once
-        # would pause one call for milliseconds). None disables it.
+        # block's tokens, extra keys, salt), so a block a front door hashed (for its lookup)
+        # and then hands over, or a hot shared prefix, is sha256-hashed once. Bounded at
+        # _HASH_MEMO_MAX entries (about 350 bytes each at block size 16: a few MB, whatever
+        # the number of live blocks), least recently used dropped first, one at a time
+        # (clearing it all at once would pause one call for milliseconds). None disables it.
         self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = OrderedDict()
         # The request records and pool seen as the spec's request-layer state (no copy).
         self.spec_view = request_view(self._requests, self.pool)
@@ -277,6 +279,8 @@ class BlockAllocator:
             if len(memo) >= _HASH_MEMO_MAX:
                 memo.popitem(last=False)
             memo[key] = h
+        else:
+            memo.move_to_end(key)
         return h
 
     def _hits(self, req: _Request) -> list[int]:

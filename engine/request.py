@@ -35,6 +35,7 @@ class EngineRequest:
 
     - ``request_id``: any hashable id (vLLM uses str).
     - ``prompt_token_ids``: the prompt; ``output_token_ids``: the sampled tokens, in order
+      (both copies of the one list the request keeps)
       (append them with ``append_output_token_ids`` or ``KVCacheManager.append_token``);
       ``all_token_ids`` is prompt + output, ``num_tokens`` its length.
     - ``cache_salt``: mixed into the first block's hash (no hit across salts).
@@ -48,7 +49,7 @@ class EngineRequest:
     """
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "_all", "cache_salt", "extra_keys", "lora_name",
+        "request_id", "_num_prompt", "_all", "cache_salt", "extra_keys", "lora_name",
         "lora_id", "num_computed_tokens", "status", "num_preemptions", "block_hashes",
         "_hash_key",
     )
@@ -74,8 +75,9 @@ class EngineRequest:
         if lora_name is not None and not isinstance(lora_name, str):
             raise TypeError("lora_name must be a str or None")
         self.request_id = request_id
-        self.prompt_token_ids: list[int] = [_as_token(t) for t in prompt_token_ids]
-        self._all: list[int] = list(self.prompt_token_ids)
+        # One list holds prompt and output: the prompt is its first _num_prompt tokens.
+        self._all: list[int] = [_as_token(t) for t in prompt_token_ids]
+        self._num_prompt = len(self._all)
         self._all.extend(_as_token(t) for t in output_token_ids)
         self.cache_salt = cache_salt
         self.extra_keys: tuple[str | int | bytes, ...] = tuple(extra_keys)
@@ -94,8 +96,14 @@ class EngineRequest:
         return list(self._all)
 
     @property
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt's tokens (a copy: the request keeps its tokens in one list)."""
+        return self._all[:self._num_prompt]
+
+    @property
     def output_token_ids(self) -> list[int]:
-        return self._all[len(self.prompt_token_ids):]
+        """The sampled tokens (a copy)."""
+        return self._all[self._num_prompt:]
 
     @property
     def num_tokens(self) -> int:
@@ -103,11 +111,11 @@ class EngineRequest:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return self._num_prompt
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self._all) - len(self.prompt_token_ids)
+        return len(self._all) - self._num_prompt
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Record sampled token(s); the manager hashes the blocks they fill on its next call."""

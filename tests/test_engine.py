@@ -121,8 +121,8 @@ EXPECTED_SIGNATURES = {
 }
 EXPECTED_PROPERTIES = {
     "KVCacheManager": {"allocator", "num_usable_blocks", "usage"},
-    "EngineRequest": {"all_token_ids", "output_token_ids", "num_tokens", "num_prompt_tokens",
-                      "num_output_tokens", "hash_keys"},
+    "EngineRequest": {"all_token_ids", "prompt_token_ids", "output_token_ids", "num_tokens",
+                      "num_prompt_tokens", "num_output_tokens", "hash_keys"},
 }
 
 
@@ -591,3 +591,18 @@ def test_driver_runs_one_launch_per_step() -> None:
     d.allocate("a", 1)  # allocated again after this step's launch
     d.commit("a", 11)
     assert alloc.pool.clock[ISSUED] == launches + 3 and alloc.num_computed("a") == 11
+
+
+def test_a_request_keeps_its_tokens_once_and_hands_out_copies() -> None:
+    prompt = [3, 1, 4, 1, 5]
+    r = EngineRequest("r", prompt, output_token_ids=[9])
+    prompt.append(2)  # the caller's list is not the request's
+    r.append_output_token_ids([2, 6])
+    assert r.prompt_token_ids == [3, 1, 4, 1, 5] and r.num_prompt_tokens == 5
+    assert r.output_token_ids == [9, 2, 6] and r.num_output_tokens == 3
+    assert r.all_token_ids == [3, 1, 4, 1, 5, 9, 2, 6] and r.num_tokens == 8
+    r.prompt_token_ids.append(7)  # copies: the request is unchanged
+    r.output_token_ids.clear()
+    assert r.all_token_ids == [3, 1, 4, 1, 5, 9, 2, 6]
+    with pytest.raises(AttributeError):
+        r.prompt_token_ids = [1]  # type: ignore[misc]

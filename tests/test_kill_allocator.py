@@ -224,6 +224,17 @@ def test_hash_memo_never_exceeds_its_bound(monkeypatch):
     assert [key[1] for key in a._hash_memo] == [(104,), (105,), (106,)]
 
 
+def test_hash_memo_keeps_what_is_used_most_recently(monkeypatch):
+    """A hot prefix hashed again survives newer entries: the least recently used goes first."""
+    monkeypatch.setattr(allocator_module, "_HASH_MEMO_MAX", 3)
+    a = BlockAllocator(16, 1)
+    a.add_request("hot", [7])
+    for k in range(6):
+        a.add_request(("hot", k), [7])  # a hit: the hot entry becomes the newest
+        a.add_request(k, [100 + k])
+    assert [key[1] for key in a._hash_memo] == [(104,), (7,), (105,)]
+
+
 def test_hashes_without_the_memo():
     a = BlockAllocator(8, 2)
     a._hash_memo = None
