@@ -491,9 +491,11 @@ class BlockAllocator:
         ``spec.calls.append_tokens_many``."""
         checked = [(req, _check_tokens(tokens))
                    for req, tokens in self._batch(updates, "append_tokens_many")]
+        B = self.block_size
         for req, tokens in checked:
             req.tokens.extend(tokens)
-            self._extend_hashes(req)
+            if (len(req.hashes) + 1) * B <= len(req.tokens):  # a block filled: hash it
+                self._extend_hashes(req)
 
     @_confirmed("commit")
     def commit(self, rid: Hashable, num_tokens: int) -> None:
@@ -872,6 +874,11 @@ class BlockAllocator:
     @_locked
     def num_reserved(self, rid: Hashable) -> int:
         return self._req(rid).reserved
+
+    @_locked
+    def num_issued(self, rid: Hashable) -> int:
+        """Positions of rid that launches were issued to write (published)."""
+        return self._req(rid).issued
 
     @_locked
     def block_generations(self) -> np.ndarray:

@@ -40,9 +40,17 @@ Deliberate differences from vLLM 0.33.0 (each one is a safety rule or a scope li
    ``stats()["reclaimed_waiting"]``), and capacity checks count only blocks allocatable now
    (FREE, idle cached, and what completed launches release). They count as not in use in
    ``usage`` and ``get_num_free_blocks`` (no request holds them).
-6. **Scope.** One full-attention group; ``num_lookahead_tokens`` (spec decode: a launch
-   writes every reserved position and must know its token id), ``num_external_computed_tokens``
-   (KV connectors) and ``num_encoder_tokens`` must be 0. ``delay_cache_blocks`` and
+6. **Scope.** One full-attention group. Positions whose token ids are not known when their
+   launch is published are written and committed later: async scheduling (the token is
+   sampled by the launch in flight) and speculative-decoding verification (``num_new_tokens``
+   covering draft tokens); such a position is hashed and cached only once its id is known
+   and ``num_computed_tokens`` counts it, so the KV of a rejected draft is never cached under
+   the token sampled in its place. Rolling issued positions back (``num_computed_tokens``
+   lowered below them after a rejection) is refused with ``ValueError`` at the next
+   ``allocate_slots``, nothing changed: the positions would have to be written again, and
+   pagedkv keeps table entries only by releasing them (``BlockAllocator.truncate``), where vLLM
+   keeps the blocks. ``num_lookahead_tokens``, ``num_external_computed_tokens`` (KV
+   connectors) and ``num_encoder_tokens`` must be 0. ``delay_cache_blocks`` and
    ``skip_zeroing_group_ids`` are accepted and have no effect (caching always waits for the
    launch). ``cache_blocks`` caches nothing by itself: it only processes completed launches.
 7. **Return shapes.** ``get_computed_blocks`` returns vLLM 0.33.0's triple
@@ -64,7 +72,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
@@ -152,13 +160,17 @@ class _NullHolder:
 class _Live:
     """A request the allocator has a table for."""
 
-    __slots__ = ("req", "known", "computed", "inflight", "cursor")
+    __slots__ = ("req", "known", "computed", "written", "vouched", "inflight", "cursor")
 
     def __init__(self, req: EngineRequest, computed: int) -> None:
         self.req = req
         self.known = req.num_tokens  # token ids the allocator knows
-        self.computed = computed  # positions committed in the allocator (only _sweep commits)
-        self.inflight: deque[tuple[Launch, int]] = deque()  # (launch, positions it covers)
+        self.computed = computed  # positions committed in the allocator (see _commit_target)
+        # Positions written by completed launches (in publish order), and of those, the ones
+        # whose token ids were known when their launch was published.
+        self.written = self.vouched = computed
+        # (launch, positions it covers, of those the ones whose token ids it was given)
+        self.inflight: deque[tuple[Launch, int, int]] = deque()
         self.cursor = 0  # where to look for the next committed hash (events)
 
 
@@ -308,7 +320,15 @@ class KVCacheManager:
             for e in entries:
                 touched[id(e)] = e
         self._drain()
-        commits = [(e, n) for e in touched.values() if (n := self._advance(e)) is not None]
+        for e in touched.values():
+            self._advance(e)
+        self._commit_ready(touched.values())
+
+    def _commit_ready(self, entries: Iterable[_Live]) -> None:
+        """Commit, in one step-level call, what each live entry may commit now."""
+        live = self._live
+        commits = [(e, n) for e in entries
+                   if live.get(e.req.request_id) is e and (n := self._commit_target(e)) is not None]
         if commits:
             self._sync_many([e for e, _ in commits])
             self._alloc.commit_many([(e.req.request_id, n) for e, n in commits])
@@ -316,18 +336,35 @@ class KVCacheManager:
                 e.computed = n
             self._drain()
 
-    def _advance(self, entry: _Live) -> int | None:
-        """The positions the entry's completed launches let it commit, or None for nothing
-        new."""
-        target = None
-        while entry.inflight and entry.inflight[0][0].completed:
-            target = entry.inflight.popleft()[1]
-        rid = entry.req.request_id
-        if target is None or self._live.get(rid) is not entry:
-            return None
-        if entry.inflight:  # a later launch may still write the last partial block
-            target -= target % self.block_size
-        return target if target > entry.computed else None
+    @staticmethod
+    def _advance(entry: _Live) -> None:
+        """Take in the entry's launches that completed, in publish order (a launch that
+        completed before an older one waits for it)."""
+        inflight = entry.inflight
+        while inflight and inflight[0][0].completed:
+            _, written, vouched = inflight.popleft()
+            if written > entry.written:
+                entry.written = written
+            if vouched > entry.vouched:
+                entry.vouched = vouched
+
+    def _commit_target(self, entry: _Live) -> int | None:
+        """The positions the entry may commit now, or None for nothing new.
+
+        Completed launches wrote up to ``written``. A position whose token id the launch was
+        given (up to ``vouched``) holds KV of that token. One whose id was not known yet
+        (async scheduling: sampled on the device; speculative decoding: a draft token) holds
+        KV of whatever token the device used, so it is committed only once its id is known
+        and the scheduler counts it computed (``num_computed_tokens``: below a rejected
+        draft). While a later launch is in flight, only whole blocks (it may still write the
+        last partial one)."""
+        req = entry.req
+        n = min(entry.written, req.num_computed_tokens, len(req._all))
+        if entry.vouched > n:
+            n = entry.vouched
+        if entry.inflight:
+            n -= n % self.block_size
+        return n if n > entry.computed else None
 
     def _drain(self) -> None:
         """Turn the pool's recorded commits and evictions into KV events."""
@@ -386,12 +423,15 @@ class KVCacheManager:
         """Tell the allocator, in one step-level call, the tokens appended to these requests
         since it last knew (``append_token`` only records them on the request)."""
         updates = []
+        B, caching = self.block_size, self.enable_caching
         for entry in entries:
             req = entry.req
-            if entry.known < len(req._all):
+            n = len(req._all)
+            if entry.known < n:
                 updates.append((req.request_id, req._all[entry.known:]))
-                entry.known = len(req._all)
-                self._hash_filled(req)
+                entry.known = n
+                if caching and (len(req.block_hashes) + 1) * B <= n:  # as _hash_filled
+                    self._hashes(req)
         if updates:
             self._alloc.append_tokens_many(updates)
 
@@ -411,7 +451,8 @@ class KVCacheManager:
         launch = self._alloc.publish([e.req.request_id for e in entries])
         self._drain()
         for entry, reserved in zip(entries, launch.seq_lens.tolist(), strict=True):
-            entry.inflight.append((launch, reserved))
+            known = entry.known  # synced above: the token ids this launch was given
+            entry.inflight.append((launch, reserved, reserved if reserved <= known else known))
         self._inflight[launch.seq] = (launch, entries)
         return launch
 
@@ -535,6 +576,15 @@ class KVCacheManager:
             if given:
                 raise ValueError(f"{request!r} is running: it takes no new prefix hits")
             hits = []
+            issued = alloc.num_issued(rid)
+            if request.num_computed_tokens < issued:
+                raise ValueError(
+                    f"{request!r}: num_computed_tokens {request.num_computed_tokens} is below "
+                    f"the {issued} positions launches were issued to write (rejected "
+                    "speculative tokens): rolling issued positions back is not supported by "
+                    "pagedkv.engine")
+            if entry.written > entry.computed:  # written positions whose ids came later
+                self._commit_ready((entry,))
             reserved = alloc.num_reserved(rid)
             table_len = _cdiv(reserved, B)
             target = max(request.num_computed_tokens + num_new_tokens, reserved)
@@ -586,6 +636,9 @@ class KVCacheManager:
             return
         if entry.req is not request:
             raise ValueError(f"another request with id {rid!r} holds blocks")
+        self._advance(entry)
+        if entry.written > entry.computed:  # what completed launches wrote is cached first
+            self._commit_ready((entry,))
         del self._live[rid]
         self._alloc.free(rid)
         self._drain()

@@ -1,0 +1,95 @@
+"""pagedkv.engine with positions whose token ids are not known when their launch is published:
+async scheduling (the next step is published while the previous one, which samples its token,
+is in flight) and speculative-decoding verification (``num_new_tokens`` covers draft tokens
+that are not part of the request). Such positions are written, and committed (hashed, cached,
+hit) only once their ids are known and the scheduler counts them computed."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedkv.engine import EngineRequest, KVCacheManager, RequestStatus
+
+B = 2
+
+
+def admitted(m: KVCacheManager, rid: str, tokens: list[int]) -> EngineRequest:
+    req = EngineRequest(rid, tokens)
+    blocks, hits, _ = m.get_computed_blocks(req)
+    assert m.allocate_slots(req, req.num_tokens - hits, hits, blocks) is not None
+    req.status, req.num_computed_tokens = RequestStatus.RUNNING, hits
+    return req
+
+
+def hit_tokens(m: KVCacheManager, tokens: list[int]) -> int:
+    return m.get_computed_blocks(EngineRequest("probe", tokens))[1]
+
+
+def test_async_steps_commit_a_sampled_position_once_its_token_is_appended() -> None:
+    m = KVCacheManager(32, B)
+    r = admitted(m, "r", [1, 2, 3])
+    first = m.publish([r])
+    r.num_computed_tokens = 3  # as vLLM's scheduler does right after scheduling
+    assert m.allocate_slots(r, 1) is not None  # position 3: its token is sampled by `first`
+    second = m.publish([r])
+    r.num_computed_tokens = 4
+    m.complete(first)
+    m.complete(second)  # wrote position 3, whose id nobody knew at publish
+    assert m.allocator.num_computed("r") == 3
+    assert hit_tokens(m, [1, 2, 3, 9, 9]) == 2  # block [3, ?] is not cached
+    r.append_output_token_ids([9])
+    m.allocate_slots(r, 1)  # the scheduler's next call: position 3 is now known
+    assert m.allocator.num_computed("r") == 4
+    assert hit_tokens(m, [1, 2, 3, 9, 9]) == 4
+
+
+def test_verified_drafts_are_committed_up_to_the_accepted_tokens() -> None:
+    m = KVCacheManager(32, B)
+    r = admitted(m, "r", [1, 2, 3])
+    m.complete(m.publish([r]))
+    r.num_computed_tokens = 3
+    r.append_output_token_ids([4])  # sampled; drafts 5, 6 to verify next
+    assert m.allocate_slots(r, 3) is not None  # positions 3 (token 4), 4 and 5 (drafts)
+    launch = m.publish([r])
+    r.num_computed_tokens = 6
+    m.complete(launch)
+    assert m.allocator.num_computed("r") == 4  # positions 4, 5: draft ids, not known
+    r.append_output_token_ids([5, 6, 7])  # both drafts accepted, then the bonus token
+    m.free(r)  # a finished request: what its completed launches wrote is cached first
+    assert hit_tokens(m, [1, 2, 3, 4, 5, 6, 7, 8]) == 6
+
+
+def test_a_rejected_draft_position_is_never_cached_under_the_bonus_token() -> None:
+    """Drafts 5, 6 were written at positions 4, 5; 5 is accepted, 6 rejected, the model
+    samples 8 at position 5: the KV there belongs to 6. It must not be cached as [.., 8]."""
+    m = KVCacheManager(32, B)
+    r = admitted(m, "r", [1, 2, 3])
+    m.complete(m.publish([r]))
+    r.num_computed_tokens = 3
+    r.append_output_token_ids([4])
+    m.allocate_slots(r, 3)
+    launch = m.publish([r])
+    r.num_computed_tokens = 6
+    m.complete(launch)
+    r.num_computed_tokens -= 1  # one draft rejected (vLLM: num_computed_tokens -= rejected)
+    r.append_output_token_ids([5, 8])  # the accepted draft, then the bonus token
+    m.free(r)
+    assert hit_tokens(m, [1, 2, 3, 4, 5, 8, 9]) == 4  # [5, 8] was never written as such
+
+
+def test_rolling_back_issued_positions_is_refused_and_changes_nothing() -> None:
+    m = KVCacheManager(32, B)
+    r = admitted(m, "r", [1, 2, 3])
+    m.complete(m.publish([r]))
+    r.num_computed_tokens = 3
+    r.append_output_token_ids([4])
+    m.allocate_slots(r, 3)
+    launch = m.publish([r])
+    r.num_computed_tokens = 6
+    m.complete(launch)
+    r.num_computed_tokens = 5  # a draft rejected: position 5 must be written again
+    r.append_output_token_ids([5, 8])
+    before = (m.get_block_ids("r"), m.stats(), m.allocator.num_computed("r"))
+    with pytest.raises(ValueError, match="rolling issued positions back is not supported"):
+        m.allocate_slots(r, 1)
+    assert (m.get_block_ids("r"), m.stats(), m.allocator.num_computed("r")) == before
