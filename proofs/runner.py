@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pagedkv.spec.check import spec_digest
+from pagedkv.spec.host_invariants import HOST_INVARIANTS
 from pagedkv.spec.invariants import Invariant
 from pagedkv.spec.request_invariants import REQUEST_INVARIANTS
 from pagedkv.spec.requests import REQUEST_TRANSITIONS
@@ -38,6 +39,7 @@ from .explore import (
     layer_key,
     walk_requests,
 )
+from .host_induction import host_nonvacuity, prove_host
 from .induction import COUNTEREXAMPLE, PROVED, UNKNOWN, induction_matrix, unsupported
 from .nonvacuity import ENABLED, nonvacuity
 from .request_induction import prove_all as prove_requests
@@ -259,6 +261,9 @@ def run_all(
     tt = time.perf_counter()
     req_obs = prove_requests(pool_invariants=invariants) if request_layer else []
     timings["induction_requests_s"] = round(time.perf_counter() - tt, 2)
+    tt = time.perf_counter()
+    host_obs, host_nv = prove_host(), host_nonvacuity()
+    timings["induction_host_s"] = round(time.perf_counter() - tt, 2)
     wcfg = ExploreConfig(blocks=3, holders=2, block_size=2, max_window=3, layer="request",
                          max_tokens=6, hashes=(1, 2))
     walks = walk_requests(wcfg, walks=(100 if quick else 300) if request_layer else 0,
@@ -331,6 +336,19 @@ def run_all(
             if ob["result"] != PROVED:
                 failures.append(f"{name} / {tname} [request layer]: {ob['result']} "
                                 f"{ob.get('detail', '')}")
+    for name, inv in HOST_INVARIANTS.items():
+        row = {"scope": inv.scope, "layer": "host", "property": inv.property, "doc": inv.doc,
+               "induction": {o.transition: _ob(o) for o in host_obs if o.invariant == name},
+               "induction_bounded": {}, "reachable": {}, "bmc_depth": None}
+        row["status"] = _status(row)
+        inv_rows[name] = row
+        for tname, ob in row["induction"].items():
+            if ob["result"] != PROVED:
+                failures.append(f"{name} / {tname} [host tier]: {ob['result']} "
+                                f"{ob.get('detail', '')}" + (f"\n{ob['text']}"
+                                                              if ob.get("text") else ""))
+    failures += [f"host transition {n}: {r} under the host invariants"
+                 for n, r in host_nv.items() if r != ENABLED]
     for o in req_obs:
         if o.transition == "-" and o.result != PROVED:
             failures.append(f"request layer {o.invariant}: {o.result}")
@@ -384,6 +402,10 @@ def run_all(
         "request_obligations": len(req_obs),
         "request_proved": sum(o.result == PROVED for o in req_obs),
         "request_walk_steps": sum(walks.fired.values()),
+        "host_obligations": len(host_obs),
+        "host_proved": sum(o.result == PROVED for o in host_obs),
+        "host_transitions_enabled": sum(r == ENABLED for r in host_nv.values()),
+        "host_transitions": len(host_nv),
         "safety_claims": len(claims),
         "safety_proved": sum(c.result == PROVED for c in claims),
         "reachable_states": {layer_key(e.config): e.states for e in exps},
@@ -504,7 +526,10 @@ def format_table(r: ProofReport) -> str:
                  f"{t['counterexample']} counterexample(s), {t['unknown']} unknown; safety "
                  f"claims {t['safety_proved']}/{t['safety_claims']}; request layer "
                  f"{t.get('request_proved', 0)}/{t.get('request_obligations', 0)} proved, "
-                 f"{t.get('request_walk_steps', 0)} walk steps; total {t['time_s']}s")
+                 f"{t.get('request_walk_steps', 0)} walk steps; host tier "
+                 f"{t.get('host_proved', 0)}/{t.get('host_obligations', 0)} proved, "
+                 f"{t.get('host_transitions_enabled', 0)}/{t.get('host_transitions', 0)} "
+                 f"transitions enabled; total {t['time_s']}s")
     lines.append("assumptions:")
     lines += [f"  - {a}" for a in r.assumptions]
     if r.failures:

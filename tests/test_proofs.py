@@ -39,6 +39,8 @@ from pagedkv.spec import (
     initial_state,
 )
 from pagedkv.spec import check as spec_check
+from pagedkv.spec.host import HOST_TRANSITIONS
+from pagedkv.spec.host_invariants import HOST_INVARIANTS
 from pagedkv.spec.invariants import NO_DOUBLE_FREE, NO_EARLY_PUBLICATION, NO_RECYCLE_WHILE_PENDING
 
 SMALL = ExploreConfig(blocks=2, holders=2, block_size=1, max_inflight=1, max_window=2,
@@ -327,6 +329,16 @@ def test_run_all_reports_failures_and_is_json():
     d = json.loads(rep.to_json())
     assert d["ok"] is False and d["assumptions"]
     assert "NOT OK" in rep.table()
+    # the host tier's proofs are in the report, and pass though the pool layer's fail
+    host = {n: r for n, r in rep.invariants.items() if r.get("layer") == "host"}
+    assert set(host) == set(HOST_INVARIANTS)
+    assert all(r["status"] == "proved" and len(r["induction"]) == len(HOST_TRANSITIONS)
+               for r in host.values())
+    n = len(HOST_INVARIANTS) * len(HOST_TRANSITIONS)
+    assert rep.totals["host_proved"] == rep.totals["host_obligations"] == n
+    assert (f"host tier {n}/{n} proved, {len(HOST_TRANSITIONS)}/{len(HOST_TRANSITIONS)} "
+            "transitions enabled") in rep.table()
+    assert not any("host" in f for f in rep.failures)
 
 
 def test_a_complete_search_must_pass_through_the_scenarios_it_covers():

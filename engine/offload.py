@@ -1,0 +1,252 @@
+"""Swap a request's KV to the host tier and back, over a ``KVCacheManager`` (composition).
+
+``Swapper(manager, device_kv, host_kv)``: ``device_kv`` and ``host_kv`` are (K, V) torch tensor
+pairs with the block id on dim 0 (``[num_blocks, block_size, ...]``, equal trailing shapes).
+The host tier's bookkeeping is a ``HostPool`` (``allocator.host``), so every host-side step
+runs the host spec's guards and effects.
+
+- ``swap_out(request)`` stores the request's computed blocks under private swap keys
+  (negative ints: disjoint from prefix hashes) and starts the device -> host copies. The
+  device blocks stay with the request, pinned as read by the stores, until
+  ``complete(transfer)``: only then does the manager free them (deferred free). A failed
+  copy (``complete(transfer, success=False)``) frees the host blocks and leaves the request
+  running on its device blocks.
+- ``swap_in(request)`` re-admits it: device blocks from the manager (prefix hits included),
+  host -> device copies into the ones that are not hits; ``complete`` unpins and drops the
+  host copies and gives the request back its computed tokens.
+
+Both are atomic: not enough host blocks, not enough device blocks, or host KV missing raise a
+typed error and change nothing. Copies here are synchronous torch copies (CPU, or a CUDA
+stream that the caller synchronizes); completion is the explicit ``complete`` call.
+
+- ``offload(request)`` copies its full computed blocks to the host under their prefix hashes
+  (the request keeps running); ``admit(request)`` admits a waiting request, loading the
+  blocks after its device prefix hits that the host holds instead of recomputing them.
+
+Limits (the manager is used through its public API only): a swapped-out request's host
+blocks are STORED, so host LRU eviction under offload pressure may reclaim them; ``swap_in``
+then refuses (``SwapError``, nothing changed) and the request must be recomputed. The
+manager does not know about the device pins: ``Swapper.free`` defers the free of a request
+whose transfer is in flight, ``manager.free`` called directly does not. Loaded blocks are
+not registered in the device prefix cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedkv.allocator.errors import AllocatorError, InvalidArgument, OutOfBlocks
+from pagedkv.allocator.host import HostPool
+
+from .manager import KVCacheManager
+from .request import EngineRequest, RequestStatus
+
+
+class SwapError(AllocatorError):
+    """A swap call that does not fit the request's state (not running, not swapped out,
+    a transfer already in flight)."""
+
+
+@dataclass
+class Transfer:
+    """One swap in flight; ``complete`` it once its copies are done."""
+
+    kind: str  # "out" | "in"
+    request: EngineRequest
+    host_blocks: list[int]
+    device_blocks: list[int]
+    num_tokens: int
+    done: bool = field(default=False)
+
+
+@dataclass
+class _Swapped:
+    keys: list[int]
+    host_blocks: list[int]
+    num_tokens: int
+
+
+def host_tensors_like(device_kv: tuple[torch.Tensor, torch.Tensor], num_blocks: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host (K, V) pair for ``num_blocks`` blocks shaped like ``device_kv``'s blocks,
+    NaN-filled; pinned memory only where CUDA is available."""
+    pin = torch.cuda.is_available()
+    out = []
+    for t in device_kv:
+        h = torch.empty((num_blocks, *t.shape[1:]), dtype=t.dtype, device="cpu",
+                        pin_memory=pin)
+        out.append(h.fill_(float("nan")))
+    return out[0], out[1]
+
+
+class Swapper:
+    def __init__(self, manager: KVCacheManager, device_kv: tuple[torch.Tensor, torch.Tensor],
+                 host_kv: tuple[torch.Tensor, torch.Tensor], checked: bool = True) -> None:
+        dk, dv = device_kv
+        hk, hv = host_kv
+        if dk.shape != dv.shape or hk.shape != hv.shape or dk.shape[1:] != hk.shape[1:]:
+            raise InvalidArgument("device and host K/V must share the per-block shape")
+        if dk.shape[0] != manager.num_blocks or dk.shape[1] != manager.block_size:
+            raise InvalidArgument("device K/V must be [manager.num_blocks, block_size, ...]")
+        self.manager = manager
+        self.device_kv = device_kv
+        self.host_kv = host_kv
+        self.host = HostPool(hk.shape[0], checked=checked)
+        self._keys = itertools.count(1)
+        self._swapped: dict[Hashable, _Swapped] = {}
+        self._inflight: dict[Hashable, Transfer] = {}
+        self._free_after: set[Hashable] = set()  # finished while a transfer was in flight
+
+    def _copy(self, src: tuple[torch.Tensor, torch.Tensor], src_ids: list[int],
+              dst: tuple[torch.Tensor, torch.Tensor], dst_ids: list[int]) -> None:
+        if not src_ids:
+            return
+        si = torch.tensor(src_ids, dtype=torch.long, device=src[0].device)
+        di = torch.tensor(dst_ids, dtype=torch.long, device=dst[0].device)
+        for s, d in zip(src, dst, strict=True):
+            d.index_copy_(0, di, s.index_select(0, si).to(d.device))
+
+    def _idle(self, request: EngineRequest) -> Hashable:
+        rid = request.request_id
+        if rid in self._inflight:
+            raise SwapError(f"{request!r} has a swap in flight: complete it first")
+        return rid
+
+    def swap_out(self, request: EngineRequest) -> Transfer:
+        """Start copying the request's computed blocks to the host (see module doc)."""
+        rid = self._idle(request)
+        table = self.manager.get_block_ids(rid)[0]
+        if not table:
+            raise SwapError(f"{request!r} holds no device blocks")
+        n = request.num_computed_tokens
+        B = self.manager.block_size
+        dev = table[: -(-n // B)]
+        if not dev:
+            raise SwapError(f"{request!r} has no computed tokens to swap out")
+        keys = [-next(self._keys) for _ in dev]
+        host_blocks = self.host.prepare_store(keys, dev)  # atomic: OutOfBlocks, DevicePinned
+        hb = [b for b in host_blocks if b is not None]
+        self._copy(self.device_kv, dev, self.host_kv, hb)
+        self._swapped[rid] = _Swapped(keys, hb, n)
+        t = self._inflight[rid] = Transfer("out", request, hb, dev, n)
+        return t
+
+    def swap_in(self, request: EngineRequest) -> Transfer:
+        """Re-admit a swapped-out request and start its host -> device copies."""
+        rid = self._idle(request)
+        rec = self._swapped.get(rid)
+        if rec is None:
+            raise SwapError(f"{request!r} is not swapped out")
+        missing = [k for k in rec.keys if self.host.lookup(k) is None]
+        if missing:  # e.g. the swap-out was not completed; nothing changed
+            raise SwapError(f"{request!r}: {len(missing)} swapped blocks are not on the host")
+        m = self.manager
+        hits, hit_tokens, _ = m.get_computed_blocks(request)  # device prefix hits: no copy
+        nh = len(hits.block_ids)
+        new = m.allocate_slots(request, max(rec.num_tokens - hit_tokens, 0), hit_tokens,
+                               hits if nh else None)
+        if new is None:
+            raise OutOfBlocks(max(len(rec.keys) - nh, 0), m.get_num_free_blocks())
+        dev = m.get_block_ids(rid)[0][nh: len(rec.keys)]
+        keys = rec.keys[nh:]
+        hb = self.host.prepare_load(keys)  # every key was looked up above: a hit
+        self._copy(self.host_kv, hb, self.device_kv, dev)
+        t = self._inflight[rid] = Transfer("in", request, hb, dev, max(rec.num_tokens, hit_tokens))
+        return t
+
+    def complete(self, transfer: Transfer, success: bool = True) -> None:
+        """The transfer's copies are done (or, for a swap-out, failed)."""
+        rid = transfer.request.request_id
+        if transfer.done or self._inflight.get(rid) is not transfer:
+            raise SwapError("this transfer is not in flight")
+        if transfer.kind == "load" and not success:
+            raise InvalidArgument("a load cannot fail here; complete it")
+        if transfer.kind == "store":
+            self.host.complete_store(transfer.host_blocks, success)
+        elif transfer.kind == "load":
+            self.host.complete_load(transfer.host_blocks)
+            transfer.request.num_computed_tokens = transfer.num_tokens
+        elif transfer.kind == "out":
+            self.host.complete_store(transfer.host_blocks, success)
+            if success:  # the deferred free: the stores no longer read the device blocks
+                self.manager.preempt(transfer.request)
+            else:
+                del self._swapped[rid]
+        else:
+            if not success:
+                raise InvalidArgument("a swap-in cannot fail here; complete it")
+            self.host.complete_load(transfer.host_blocks)
+            self.host.discard(self._swapped.pop(rid).host_blocks)
+            transfer.request.num_computed_tokens = transfer.num_tokens
+            transfer.request.status = RequestStatus.RUNNING
+        transfer.done = True
+        del self._inflight[rid]
+        if rid in self._free_after:
+            self._free_after.discard(rid)
+            self.free(transfer.request)
+
+    def free(self, request: EngineRequest) -> None:
+        """The request finished: free its device blocks (``manager.free``) and drop its swap
+        copies on the host. While one of its transfers is in flight the device blocks stay
+        with it, since a copy still reads or writes them, and they are freed when
+        ``complete`` is called for that transfer (deferred free). Call this, not
+        ``manager.free``, for a request that has used the swapper."""
+        rid = request.request_id
+        if rid in self._inflight:
+            self._free_after.add(rid)
+            return
+        rec = self._swapped.pop(rid, None)
+        if rec is not None:  # host LRU eviction may already have dropped some of them
+            self.host.discard([b for k, b in zip(rec.keys, rec.host_blocks, strict=True)
+                               if self.host.lookup(k) == b])
+        self.manager.free(request)
+
+    # --- offload: full prefix blocks stay hits on the host ---------------------------------
+    def offload(self, request: EngineRequest) -> Transfer:
+        """Start copying the request's full computed blocks to the host under their prefix
+        hashes (those already there are skipped). The request keeps running; its device
+        blocks are pinned as read by the stores until ``complete``."""
+        rid = self._idle(request)
+        table = self.manager.get_block_ids(rid)[0]
+        full = min(len(request.block_hashes), request.num_computed_tokens // self.manager.
+                   block_size, len(table))
+        hashes, dev = list(request.block_hashes[:full]), table[:full]
+        out = self.host.prepare_store(hashes, dev)  # atomic: OutOfBlocks, DevicePinned
+        pairs = [(d, h) for d, h in zip(dev, out, strict=True) if h is not None]
+        self._copy(self.device_kv, [d for d, _ in pairs], self.host_kv, [h for _, h in pairs])
+        t = self._inflight[rid] = Transfer("store", request, [h for _, h in pairs],
+                                           [d for d, _ in pairs], request.num_computed_tokens)
+        return t
+
+    def admit(self, request: EngineRequest) -> Transfer:
+        """Admit a waiting request (``allocate_slots`` for all its tokens), taking its device
+        prefix hits and then the following blocks found on the host, which are loaded instead
+        of recomputed; ``complete`` sets ``num_computed_tokens`` to the hits."""
+        rid = self._idle(request)
+        m, B = self.manager, self.manager.block_size
+        hits, hit_tokens, _ = m.get_computed_blocks(request)  # also hashes the request
+        nh = len(hits.block_ids)
+        limit = max(0, request.num_tokens - 1) // B  # the last token is always computed
+        found: list[int] = []
+        for h in request.block_hashes[nh:limit]:
+            if self.host.lookup(h) is None:
+                break
+            found.append(h)
+        loaded = nh * B + len(found) * B
+        new = m.allocate_slots(request, request.num_tokens - hit_tokens, hit_tokens,
+                               hits if nh else None)
+        if new is None:
+            raise OutOfBlocks(-(-request.num_tokens // B) - nh, m.get_num_free_blocks())
+        dev = m.get_block_ids(rid)[0][nh: nh + len(found)]
+        hb = self.host.prepare_load(found)  # every hash was looked up above: a hit
+        self._copy(self.host_kv, hb, self.device_kv, dev)
+        t = self._inflight[rid] = Transfer("load", request, hb, dev, loaded)
+        return t
+
+    def is_swapped_out(self, request: EngineRequest) -> bool:
+        rid = request.request_id
+        return rid in self._swapped and rid not in self._inflight
