@@ -881,6 +881,12 @@ class BlockAllocator:
         return self._req(rid).issued
 
     @_locked
+    def positions(self, rid: Hashable) -> tuple[int, int]:
+        """``(num_issued(rid), num_reserved(rid))`` in one call."""
+        r = self._req(rid)
+        return r.issued, r.reserved
+
+    @_locked
     def block_generations(self) -> np.ndarray:
         """Each block's current generation (int32), for kernels' checked launch mode."""
         return np.asarray(self.pool.gen, dtype=np.int32)

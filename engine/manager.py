@@ -576,7 +576,7 @@ class KVCacheManager:
             if given:
                 raise ValueError(f"{request!r} is running: it takes no new prefix hits")
             hits = []
-            issued = alloc.num_issued(rid)
+            issued, reserved = alloc.positions(rid)
             if request.num_computed_tokens < issued:
                 raise ValueError(
                     f"{request!r}: num_computed_tokens {request.num_computed_tokens} is below "
@@ -584,8 +584,7 @@ class KVCacheManager:
                     "speculative tokens): rolling issued positions back is not supported by "
                     "pagedkv.engine")
             if entry.written > entry.computed:  # written positions whose ids came later
-                self._commit_ready((entry,))
-            reserved = alloc.num_reserved(rid)
+                self._commit_ready((entry,))  # (commits reserve nothing)
             table_len = _cdiv(reserved, B)
             target = max(request.num_computed_tokens + num_new_tokens, reserved)
         state = pool.state

@@ -1,9 +1,11 @@
 """Swap a request's KV to the host tier and back, over a ``KVCacheManager`` (composition).
 
-``Swapper(manager, device_kv, host_kv)``: ``device_kv`` and ``host_kv`` are (K, V) torch tensor
-pairs with the block id on dim 0 (``[num_blocks, block_size, ...]``, equal trailing shapes).
-The host tier's bookkeeping is a ``HostPool`` (``allocator.host``), so every host-side step
-runs the host spec's guards and effects.
+``Swapper(manager, device_pool, host_pool)``: two ``pagedkv.kernels.KVCachePool``s of the same
+layers and block shape, the device one with the manager's blocks (one block id names the same
+slots in every layer), the host one in host memory (``device_pool.like(n)``: page-locked where
+CUDA is present). Copies are ``KVCachePool.transfer_blocks`` (every layer, K and V, in one
+indexed copy). The host tier's bookkeeping is a ``HostPool`` (``allocator.host``), so every
+host-side step runs the host spec's guards and effects.
 
 - ``swap_out(request)`` stores the request's computed blocks under private swap keys
   (negative ints: disjoint from prefix hashes) and starts the device -> host copies. The
@@ -16,8 +18,8 @@ runs the host spec's guards and effects.
   host copies and gives the request back its computed tokens.
 
 Both are atomic: not enough host blocks, not enough device blocks, or host KV missing raise a
-typed error and change nothing. Copies here are synchronous torch copies (CPU, or a CUDA
-stream that the caller synchronizes); completion is the explicit ``complete`` call.
+typed error and change nothing. The copies are issued on the current stream (synchronous on
+the CPU); completion is the explicit ``complete`` call, made once they are done.
 
 - ``offload(request)`` copies its full computed blocks to the host under their prefix hashes
   (the request keeps running); ``admit(request)`` admits a waiting request, loading the
@@ -37,10 +39,9 @@ import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-import torch
-
 from pagedkv.allocator.errors import AllocatorError, InvalidArgument, OutOfBlocks
 from pagedkv.allocator.host import HostPool
+from pagedkv.kernels.pool import KVCachePool
 
 from .manager import KVCacheManager
 from .request import EngineRequest, RequestStatus
@@ -70,45 +71,33 @@ class _Swapped:
     num_tokens: int
 
 
-def host_tensors_like(device_kv: tuple[torch.Tensor, torch.Tensor], num_blocks: int
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A host (K, V) pair for ``num_blocks`` blocks shaped like ``device_kv``'s blocks,
-    NaN-filled; pinned memory only where CUDA is available."""
-    pin = torch.cuda.is_available()
-    out = []
-    for t in device_kv:
-        h = torch.empty((num_blocks, *t.shape[1:]), dtype=t.dtype, device="cpu",
-                        pin_memory=pin)
-        out.append(h.fill_(float("nan")))
-    return out[0], out[1]
-
-
 class Swapper:
-    def __init__(self, manager: KVCacheManager, device_kv: tuple[torch.Tensor, torch.Tensor],
-                 host_kv: tuple[torch.Tensor, torch.Tensor], checked: bool = True) -> None:
-        dk, dv = device_kv
-        hk, hv = host_kv
-        if dk.shape != dv.shape or hk.shape != hv.shape or dk.shape[1:] != hk.shape[1:]:
-            raise InvalidArgument("device and host K/V must share the per-block shape")
-        if dk.shape[0] != manager.num_blocks or dk.shape[1] != manager.block_size:
-            raise InvalidArgument("device K/V must be [manager.num_blocks, block_size, ...]")
+    def __init__(self, manager: KVCacheManager, device_pool: KVCachePool,
+                 host_pool: KVCachePool, checked: bool = True) -> None:
+        if not isinstance(device_pool, KVCachePool) or not isinstance(host_pool, KVCachePool):
+            raise InvalidArgument("device_pool and host_pool must be KVCachePools")
+        if (device_pool.num_layers, device_pool.block_shape, device_pool.dtype) != (
+                host_pool.num_layers, host_pool.block_shape, host_pool.dtype):
+            raise InvalidArgument("device and host pools must share layers, block shape and "
+                                  "dtype")
+        if (device_pool.num_blocks, device_pool.block_size) != (manager.num_blocks,
+                                                                manager.block_size):
+            raise InvalidArgument("the device pool must have the manager's num_blocks and "
+                                  "block_size")
         self.manager = manager
-        self.device_kv = device_kv
-        self.host_kv = host_kv
-        self.host = HostPool(hk.shape[0], checked=checked)
+        self.device_pool = device_pool
+        self.host_pool = host_pool
+        self.host = HostPool(host_pool.num_blocks, checked=checked)
         self._keys = itertools.count(1)
         self._swapped: dict[Hashable, _Swapped] = {}
         self._inflight: dict[Hashable, Transfer] = {}
         self._free_after: set[Hashable] = set()  # finished while a transfer was in flight
 
-    def _copy(self, src: tuple[torch.Tensor, torch.Tensor], src_ids: list[int],
-              dst: tuple[torch.Tensor, torch.Tensor], dst_ids: list[int]) -> None:
-        if not src_ids:
-            return
-        si = torch.tensor(src_ids, dtype=torch.long, device=src[0].device)
-        di = torch.tensor(dst_ids, dtype=torch.long, device=dst[0].device)
-        for s, d in zip(src, dst, strict=True):
-            d.index_copy_(0, di, s.index_select(0, si).to(d.device))
+    def _store(self, device_blocks: list[int], host_blocks: list[int]) -> None:
+        self.device_pool.transfer_blocks(self.host_pool, device_blocks, host_blocks)
+
+    def _load(self, host_blocks: list[int], device_blocks: list[int]) -> None:
+        self.host_pool.transfer_blocks(self.device_pool, host_blocks, device_blocks)
 
     def _idle(self, request: EngineRequest) -> Hashable:
         rid = request.request_id
@@ -130,7 +119,7 @@ class Swapper:
         keys = [-next(self._keys) for _ in dev]
         host_blocks = self.host.prepare_store(keys, dev)  # atomic: OutOfBlocks, DevicePinned
         hb = [b for b in host_blocks if b is not None]
-        self._copy(self.device_kv, dev, self.host_kv, hb)
+        self._store(dev, hb)
         self._swapped[rid] = _Swapped(keys, hb, n)
         t = self._inflight[rid] = Transfer("out", request, hb, dev, n)
         return t
@@ -154,7 +143,7 @@ class Swapper:
         dev = m.get_block_ids(rid)[0][nh: len(rec.keys)]
         keys = rec.keys[nh:]
         hb = self.host.prepare_load(keys)  # every key was looked up above: a hit
-        self._copy(self.host_kv, hb, self.device_kv, dev)
+        self._load(hb, dev)
         t = self._inflight[rid] = Transfer("in", request, hb, dev, max(rec.num_tokens, hit_tokens))
         return t
 
@@ -217,7 +206,7 @@ class Swapper:
         hashes, dev = list(request.block_hashes[:full]), table[:full]
         out = self.host.prepare_store(hashes, dev)  # atomic: OutOfBlocks, DevicePinned
         pairs = [(d, h) for d, h in zip(dev, out, strict=True) if h is not None]
-        self._copy(self.device_kv, [d for d, _ in pairs], self.host_kv, [h for _, h in pairs])
+        self._store([d for d, _ in pairs], [h for _, h in pairs])
         t = self._inflight[rid] = Transfer("store", request, [h for _, h in pairs],
                                            [d for d, _ in pairs], request.num_computed_tokens)
         return t
@@ -243,7 +232,7 @@ class Swapper:
             raise OutOfBlocks(-(-request.num_tokens // B) - nh, m.get_num_free_blocks())
         dev = m.get_block_ids(rid)[0][nh: nh + len(found)]
         hb = self.host.prepare_load(found)  # every hash was looked up above: a hit
-        self._copy(self.host_kv, hb, self.device_kv, dev)
+        self._load(hb, dev)
         t = self._inflight[rid] = Transfer("load", request, hb, dev, loaded)
         return t
 

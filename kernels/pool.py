@@ -121,6 +121,7 @@ class KVCachePool:
         head_dim: int,
         dtype: Any = torch.float16,
         device: str | torch.device = "cpu",
+        pin_memory: bool = False,
     ) -> None:
         self.num_layers = _positive("num_layers", num_layers)
         self.num_blocks = _positive("num_blocks", num_blocks)
@@ -134,8 +135,15 @@ class KVCachePool:
         nbytes = math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
         if nbytes > _MAX_BYTES:
             raise KernelInputError(f"a pool of shape {shape} needs {nbytes} bytes")
+        if not isinstance(pin_memory, bool):
+            raise KernelTypeError(f"pin_memory must be a bool, got {type(pin_memory).__name__}")
+        if pin_memory and (self.device.type != "cpu" or not torch.cuda.is_available()):
+            raise KernelDeviceError("pin_memory: page-locked memory is a host (cpu) pool's, "
+                                    "and needs CUDA")
+        self.pin_memory = pin_memory
         try:
-            self._storage = torch.empty(shape, dtype=self.dtype, device=self.device)
+            self._storage = torch.empty(shape, dtype=self.dtype, device=self.device,
+                                        pin_memory=pin_memory)
         except (RuntimeError, AssertionError) as exc:  # out of memory, no such device
             cls = KernelInputError if self.device.type == "cpu" else KernelDeviceError
             raise cls(f"cannot allocate {nbytes} bytes on {self.device}: {exc}") from None
@@ -185,6 +193,47 @@ class KVCachePool:
         """Execute copy-on-write pairs ``(src, dst)`` in every layer (see ``copy_blocks``)."""
         for k_cache, v_cache in self.layers():
             _copy_blocks(k_cache, v_cache, pairs)
+
+    def like(self, num_blocks: int, device: str | torch.device = "cpu",
+             pin_memory: bool | None = None) -> KVCachePool:
+        """A pool of ``num_blocks`` blocks shaped like this one's (layers, block size, heads,
+        dim, dtype) on ``device``: e.g. the host tier of a device pool. ``pin_memory`` None:
+        page-locked where the new pool is on the host and CUDA is available."""
+        if pin_memory is None:
+            pin_memory = _device(device).type == "cpu" and torch.cuda.is_available()
+        return KVCachePool(self.num_layers, num_blocks, self.block_size, self.num_kv_heads,
+                           self.head_dim, self.dtype, device, pin_memory)
+
+    def transfer_blocks(self, dst: KVCachePool, src_ids: Any, dst_ids: Any,
+                        non_blocking: bool = False) -> None:
+        """Copy blocks ``src_ids[i]`` of this pool into blocks ``dst_ids[i]`` of ``dst`` (every
+        layer, K and V), across devices too (device -> host offload and swap, and back). The
+        pools must have the same layers and block shape and dtype; ids are range-checked and
+        destinations distinct. ``non_blocking``: asynchronous on a CUDA stream (pinned host
+        memory); the caller synchronizes before reading or reusing the blocks."""
+        if not isinstance(dst, KVCachePool):
+            raise KernelTypeError(f"transfer_blocks: dst must be a KVCachePool, got "
+                                  f"{type(dst).__name__}")
+        if not isinstance(non_blocking, bool):
+            raise KernelTypeError("transfer_blocks: non_blocking must be a bool")
+        if (dst.num_layers, dst.block_shape, dst.dtype) != (
+                self.num_layers, self.block_shape, self.dtype):
+            raise KernelInputError(
+                f"transfer_blocks: pools differ: {self.num_layers} layers x {self.block_shape} "
+                f"{self.dtype} vs {dst.num_layers} layers x {dst.block_shape} {dst.dtype}")
+        si = _block_ids(src_ids, self.num_blocks)
+        di = _block_ids(dst_ids, dst.num_blocks)
+        if si.size != di.size:
+            raise KernelInputError(f"transfer_blocks: {si.size} source blocks, {di.size} "
+                                   "destinations")
+        if np.unique(di).size != di.size:
+            raise KernelInputError(f"transfer_blocks: a destination block appears twice: "
+                                   f"{di.tolist()}")
+        if si.size == 0:
+            return
+        blocks = self._storage[:, :, torch.as_tensor(si, device=self.device)]
+        dst._storage[:, :, torch.as_tensor(di, device=dst.device)] = blocks.to(
+            dst.device, non_blocking=non_blocking)
 
     def __repr__(self) -> str:
         return (

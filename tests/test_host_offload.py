@@ -7,17 +7,23 @@ import torch
 
 from pagedkv.allocator.errors import OutOfBlocks
 from pagedkv.engine import KVCacheManager
-from pagedkv.engine.offload import SwapError, Swapper, host_tensors_like
+from pagedkv.engine.offload import SwapError, Swapper
 from pagedkv.engine.request import EngineRequest
+from pagedkv.kernels import KVCachePool
 
-B, NUM_BLOCKS, HEADS, DIM = 4, 9, 2, 8  # block 0 is the manager's null block
+B, NUM_BLOCKS, HEADS, DIM, LAYERS = 4, 9, 2, 8, 3  # block 0 is the manager's null block
 
 
 def _setup(host_blocks: int = 6):
     m = KVCacheManager(NUM_BLOCKS, B)
-    dev = tuple(torch.full((NUM_BLOCKS, B, HEADS, DIM), float("nan")) for _ in range(2))
-    host = host_tensors_like(dev, host_blocks)
-    return m, dev, Swapper(m, dev, host)
+    pool = KVCachePool(LAYERS, NUM_BLOCKS, B, HEADS, DIM, torch.float32).fill_(float("nan"))
+    host = pool.like(host_blocks).fill_(float("nan"))  # poisoned: unwritten slots stay NaN
+    return m, _caches(pool), Swapper(m, pool, host)
+
+
+def _caches(pool: KVCachePool) -> list[torch.Tensor]:
+    """Every layer's K and V cache (views of the pool)."""
+    return [c for kv in pool.layers() for c in kv]
 
 
 def _random(shape, seed: int) -> torch.Tensor:
@@ -31,7 +37,7 @@ def _admit(m: KVCacheManager, dev, rid: str, n: int, seed: int) -> tuple[EngineR
     table = m.get_block_ids(rid)[0]
     for t, kv in enumerate(dev):  # write the request's n positions
         for p in range(n):
-            kv[table[p // B], p % B] = _random((HEADS, DIM), seed * 100 + t * 50 + p)
+            kv[table[p // B], p % B] = _random((HEADS, DIM), seed * 10000 + t * 100 + p)
     req.num_computed_tokens = n
     return req, table
 
@@ -71,7 +77,7 @@ def test_swap_out_recycle_swap_in_exact() -> None:
     for kv in dev:
         assert torch.isnan(kv[new_table[2], 10 % B:]).all()
     unused = [h for h in range(sw.host.num_blocks) if h not in used]
-    for kv in sw.host_kv:
+    for kv in _caches(sw.host_pool):
         assert torch.isnan(kv[unused]).all()
 
 
@@ -186,7 +192,7 @@ def test_free_while_an_offload_is_in_flight_waits_for_its_completion() -> None:
     assert m.get_block_ids("a")[0] == [] and m.get_num_free_blocks() > free_before
     assert sw.host.check_all() == []
     got = [torch.stack([kv[h, p % B] for h in t.host_blocks for p in range(B)])
-           for kv in sw.host_kv]
+           for kv in _caches(sw.host_pool)]
     for w, g in zip(want, got, strict=True):  # the copy read a's KV, not another request's
         assert torch.equal(w, g)
 

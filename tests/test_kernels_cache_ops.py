@@ -170,3 +170,58 @@ def test_pool_copy_blocks_all_layers():
     for k, v in pool.layers():
         assert torch.equal(k[0], k[3]) and torch.equal(v[0], v[3])
         assert not torch.equal(k[1], k[3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transfer_blocks_to_a_host_pool_and_back(dtype):
+    g = torch.Generator().manual_seed(11)
+    dev = KVCachePool(2, 8, 4, 2, 8, dtype, device=DEVICE).fill_(float("nan"))
+    for k, v in dev.layers():
+        for c in (k, v):
+            c[:] = (torch.rand(c.shape, generator=g) + 0.5).to(dtype)
+    want = dev._storage.clone()
+    host = dev.like(5, pin_memory=False).fill_(float("nan"))
+    assert host.device.type == "cpu" and host.block_shape == dev.block_shape
+    dev.transfer_blocks(host, [6, 1, 3], [4, 0, 2])
+    for i, (hk, hv) in enumerate(host.layers()):
+        dk, dv = dev.layer(i)
+        for src, dst in ((6, 4), (1, 0), (3, 2)):
+            assert torch.equal(hk[dst], dk[src].cpu()) and torch.equal(hv[dst], dv[src].cpu())
+        assert torch.isnan(hk[[1, 3]]).all() and torch.isnan(hv[[1, 3]]).all()  # untouched
+    dev.fill_blocks_([6, 1, 3], float("nan"))
+    host.transfer_blocks(dev, [4, 0, 2], [6, 1, 3])  # back into the same slots
+    assert nan_equal(dev._storage, want)
+
+
+def test_transfer_blocks_refuses_bad_input_and_changes_nothing():
+    dev = KVCachePool(2, 8, 4, 2, 8, torch.float32).fill_(1.5)
+    host = dev.like(4).fill_(float("nan"))
+    before = host._storage.clone()
+    bad = [
+        ((object(), [0], [0]), KernelTypeError),
+        ((host, [0, 1], [0]), KernelInputError),  # one destination per source
+        ((host, [0, 1], [2, 2]), KernelInputError),  # a destination twice
+        ((host, [8], [0]), KernelInputError),  # source out of range
+        ((host, [0], [4]), KernelInputError),  # destination out of range
+        ((host, [0.5], [0]), KernelTypeError),
+        ((KVCachePool(1, 4, 4, 2, 8, torch.float32), [0], [0]), KernelInputError),  # layers
+        ((KVCachePool(2, 4, 4, 2, 8, torch.float16), [0], [0]), KernelInputError),  # dtype
+        ((KVCachePool(2, 4, 2, 2, 8, torch.float32), [0], [0]), KernelInputError),  # shape
+    ]
+    for (dst, src_ids, dst_ids), err in bad:
+        with pytest.raises(err):
+            dev.transfer_blocks(dst, src_ids, dst_ids)
+    assert nan_equal(host._storage, before)
+    with pytest.raises(KernelTypeError):
+        dev.transfer_blocks(host, [0], [0], non_blocking=1)
+    dev.transfer_blocks(host, [], [])
+    assert nan_equal(host._storage, before)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_pinned_host_pool_needs_cuda():
+    from pagedkv.kernels import KernelDeviceError
+
+    with pytest.raises(KernelDeviceError):
+        KVCachePool(1, 4, 4, 1, 8, torch.float32, pin_memory=True)
+    assert KVCachePool(1, 4, 4, 1, 8, torch.float32).like(2).pin_memory is False
