@@ -59,9 +59,9 @@ def test_verified_drafts_are_committed_up_to_the_accepted_tokens() -> None:
     assert hit_tokens(m, [1, 2, 3, 4, 5, 6, 7, 8]) == 6
 
 
-def test_a_rejected_draft_position_is_never_cached_under_the_bonus_token() -> None:
-    """Drafts 5, 6 were written at positions 4, 5; 5 is accepted, 6 rejected, the model
-    samples 8 at position 5: the KV there belongs to 6. It must not be cached as [.., 8]."""
+def _verified_drafts() -> tuple[KVCacheManager, EngineRequest]:
+    """[1, 2, 3] computed, then one launch writes position 3 (token 4) and positions 4, 5
+    (two drafts whose ids the allocator is never told) and completes; 6 counted computed."""
     m = KVCacheManager(32, B)
     r = admitted(m, "r", [1, 2, 3])
     m.complete(m.publish([r]))
@@ -71,6 +71,13 @@ def test_a_rejected_draft_position_is_never_cached_under_the_bonus_token() -> No
     launch = m.publish([r])
     r.num_computed_tokens = 6
     m.complete(launch)
+    return m, r
+
+
+def test_a_rejected_draft_position_is_never_cached_under_the_bonus_token() -> None:
+    """Drafts 5, 6 were written at positions 4, 5; 5 is accepted, 6 rejected, the model
+    samples 8 at position 5: the KV there belongs to 6. It must not be cached as [.., 8]."""
+    m, r = _verified_drafts()
     r.num_computed_tokens -= 1  # one draft rejected (vLLM: num_computed_tokens -= rejected)
     r.append_output_token_ids([5, 8])  # the accepted draft, then the bonus token
     m.free(r)
@@ -78,15 +85,7 @@ def test_a_rejected_draft_position_is_never_cached_under_the_bonus_token() -> No
 
 
 def test_rolling_back_issued_positions_is_refused_and_changes_nothing() -> None:
-    m = KVCacheManager(32, B)
-    r = admitted(m, "r", [1, 2, 3])
-    m.complete(m.publish([r]))
-    r.num_computed_tokens = 3
-    r.append_output_token_ids([4])
-    m.allocate_slots(r, 3)
-    launch = m.publish([r])
-    r.num_computed_tokens = 6
-    m.complete(launch)
+    m, r = _verified_drafts()
     r.num_computed_tokens = 5  # a draft rejected: position 5 must be written again
     r.append_output_token_ids([5, 8])
     before = (m.get_block_ids("r"), m.stats(), m.allocator.num_computed("r"))
