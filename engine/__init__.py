@@ -13,11 +13,11 @@ from .events import (
     CachedHashSet,
     KVCacheEvent,
 )
-from .manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
+from .manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats, TransferInFlight
 from .request import EngineRequest, RequestStatus
 
 __all__ = [
     "MEDIUM_GPU", "AllBlocksCleared", "BlockRemoved", "BlockStored", "CachedHashSet",
     "EngineRequest", "KVCacheBlocks", "KVCacheEvent", "KVCacheManager", "PrefixCacheStats",
-    "RequestStatus",
+    "RequestStatus", "TransferInFlight",
 ]

@@ -62,6 +62,12 @@ Deliberate differences from vLLM 0.33.0 (each one is a safety rule or a scope li
    ``BlockRemoved`` per eviction; ``AllBlocksCleared`` on reset. Observed through the pool's
    transition trace (``BlockPool.trace``), enabled only with ``enable_kv_cache_events=True``.
 
+9. **Transfers.** ``begin_transfer(request)`` / ``end_transfer(request)`` bracket a copy of
+   the request's device blocks to or from another tier (``pagedkv.engine.offload``): while
+   one is in flight ``publish`` refuses the request (``TransferInFlight``: a launch would
+   write blocks a store reads, or be taken as having written KV a load has not delivered)
+   and ``free`` / ``preempt`` wait for the last one to end (deferred free).
+
 Prefix stats are recorded by the scheduler, as in vLLM (``record_prefix_cache_stats`` at
 admission; preempted re-admissions are counted apart); ``make_prefix_cache_stats`` returns
 them and starts new ones. ``preempt(request)`` and ``append_token(request, token)`` do the
@@ -85,6 +91,11 @@ from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from .request import EngineRequest, RequestStatus
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class TransferInFlight(ValueError):
+    """A request whose device blocks are being copied to or from another tier was published:
+    the launch would race the copy (see ``KVCacheManager.begin_transfer``)."""
 
 
 def _locked(method: _F) -> _F:
@@ -220,6 +231,8 @@ class KVCacheManager:
         self._lock = threading.RLock()
         self._live: dict[Hashable, _Live] = {}
         self._inflight: dict[int, tuple[Launch, list[_Live]]] = {}  # by Launch.seq
+        self._transfers: dict[Hashable, int] = {}  # request id -> copies in flight
+        self._free_after_transfer: set[Hashable] = set()
         self._prefix_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self._events: list[KVCacheEvent] = []
         self._cached_hash: dict[int, int] = {}  # block -> hash it is cached under (events)
@@ -446,6 +459,9 @@ class KVCacheManager:
             entry = self._live.get(getattr(r, "request_id", None))
             if entry is None or entry.req is not r:
                 raise ValueError(f"{r!r} holds no blocks of this manager (allocate_slots first)")
+            if self._transfers and r.request_id in self._transfers:
+                raise TransferInFlight(f"{r!r} has a copy of its blocks in flight: "
+                                       "end_transfer before publishing it")
             entries.append(entry)
         self._sync_many(entries)
         launch = self._alloc.publish([e.req.request_id for e in entries])
@@ -635,12 +651,47 @@ class KVCacheManager:
             return
         if entry.req is not request:
             raise ValueError(f"another request with id {rid!r} holds blocks")
+        if self._transfers and rid in self._transfers:  # freed by the last end_transfer
+            self._free_after_transfer.add(rid)
+            return
         self._advance(entry)
         if entry.written > entry.computed:  # what completed launches wrote is cached first
             self._commit_ready((entry,))
         del self._live[rid]
         self._alloc.free(rid)
         self._drain()
+
+    @_locked
+    def begin_transfer(self, request: EngineRequest) -> None:
+        """A copy of the request's device blocks to or from another tier starts. Until the
+        matching ``end_transfer``, ``publish`` refuses the request (``TransferInFlight``) and
+        ``free`` (``preempt``) of it waits: its blocks stay with it and are freed at the last
+        ``end_transfer``. Transfers nest (a count)."""
+        rid = request.request_id
+        entry = self._live.get(rid)
+        if entry is None or entry.req is not request:
+            raise ValueError(f"{request!r} holds no blocks of this manager")
+        self._transfers[rid] = self._transfers.get(rid, 0) + 1
+
+    @_locked
+    def end_transfer(self, request: EngineRequest) -> None:
+        """The copy ``begin_transfer`` announced is done; a free asked for meanwhile happens
+        now (after the last one)."""
+        rid = request.request_id
+        n = self._transfers.get(rid, 0)
+        if n == 0 or self._live[rid].req is not request:
+            raise ValueError(f"{request!r} has no transfer in flight")
+        if n > 1:
+            self._transfers[rid] = n - 1
+            return
+        del self._transfers[rid]
+        if rid in self._free_after_transfer:
+            self._free_after_transfer.discard(rid)
+            self.free(request)
+
+    def transfers_in_flight(self, request: EngineRequest) -> int:
+        """How many copies of the request's blocks are in flight (``begin_transfer``)."""
+        return self._transfers.get(request.request_id, 0)
 
     @_locked
     def preempt(self, request: EngineRequest) -> None:

@@ -27,10 +27,13 @@ the CPU); completion is the explicit ``complete`` call, made once they are done.
 
 Limits (the manager is used through its public API only): a swapped-out request's host
 blocks are STORED, so host LRU eviction under offload pressure may reclaim them; ``swap_in``
-then refuses (``SwapError``, nothing changed) and the request must be recomputed. The
-manager does not know about the device pins: ``Swapper.free`` defers the free of a request
-whose transfer is in flight, ``manager.free`` called directly does not. Loaded blocks are
-not registered in the device prefix cache.
+then refuses (``SwapError``, nothing changed) and the request must be recomputed.
+
+Every transfer is bracketed by the manager's ``begin_transfer`` / ``end_transfer``: while it is
+in flight the manager refuses to publish the request (``TransferInFlight``) and defers its
+free, so neither ``Swapper.free`` nor ``manager.free`` hands the blocks out under a copy.
+Loaded blocks enter the device prefix cache like computed ones: ``complete`` counts them in
+``num_computed_tokens``, and the next launch of the request commits them.
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ class Swapper:
         host_blocks = self.host.prepare_store(keys, dev)  # atomic: OutOfBlocks, DevicePinned
         hb = [b for b in host_blocks if b is not None]
         self._store(dev, hb)
+        self.manager.begin_transfer(request)
         self._swapped[rid] = _Swapped(keys, hb, n)
         t = self._inflight[rid] = Transfer("out", request, hb, dev, n)
         return t
@@ -144,49 +148,50 @@ class Swapper:
         keys = rec.keys[nh:]
         hb = self.host.prepare_load(keys)  # every key was looked up above: a hit
         self._load(hb, dev)
+        m.begin_transfer(request)
         t = self._inflight[rid] = Transfer("in", request, hb, dev, max(rec.num_tokens, hit_tokens))
         return t
 
     def complete(self, transfer: Transfer, success: bool = True) -> None:
-        """The transfer's copies are done (or, for a swap-out, failed)."""
-        rid = transfer.request.request_id
+        """The transfer's copies are done (or, for a store, failed). The manager's
+        ``end_transfer`` runs first: a free asked for meanwhile happens then."""
+        rid, req = transfer.request.request_id, transfer.request
         if transfer.done or self._inflight.get(rid) is not transfer:
             raise SwapError("this transfer is not in flight")
-        if transfer.kind == "load" and not success:
+        if transfer.kind in ("load", "in") and not success:
             raise InvalidArgument("a load cannot fail here; complete it")
-        if transfer.kind == "store":
+        if transfer.kind in ("store", "out"):
             self.host.complete_store(transfer.host_blocks, success)
-        elif transfer.kind == "load":
-            self.host.complete_load(transfer.host_blocks)
-            transfer.request.num_computed_tokens = transfer.num_tokens
-        elif transfer.kind == "out":
-            self.host.complete_store(transfer.host_blocks, success)
-            if success:  # the deferred free: the stores no longer read the device blocks
-                self.manager.preempt(transfer.request)
-            else:
-                del self._swapped[rid]
         else:
-            if not success:
-                raise InvalidArgument("a swap-in cannot fail here; complete it")
             self.host.complete_load(transfer.host_blocks)
-            self.host.discard(self._swapped.pop(rid).host_blocks)
-            transfer.request.num_computed_tokens = transfer.num_tokens
-            transfer.request.status = RequestStatus.RUNNING
         transfer.done = True
         del self._inflight[rid]
-        if rid in self._free_after:
-            self._free_after.discard(rid)
-            self.free(transfer.request)
+        finished = rid in self._free_after
+        self._free_after.discard(rid)
+        self.manager.end_transfer(req)
+        if transfer.kind == "out":
+            if not success:
+                del self._swapped[rid]  # the request keeps running on its device blocks
+            elif not finished:  # the stores no longer read the device blocks: free them
+                self.manager.preempt(req)
+        elif transfer.kind == "in":
+            self.host.discard(self._swapped.pop(rid).host_blocks)
+        if transfer.kind in ("load", "in") and not finished:
+            req.num_computed_tokens = transfer.num_tokens
+            if transfer.kind == "in":
+                req.status = RequestStatus.RUNNING
+        if finished:
+            self.free(req)
 
     def free(self, request: EngineRequest) -> None:
         """The request finished: free its device blocks (``manager.free``) and drop its swap
-        copies on the host. While one of its transfers is in flight the device blocks stay
-        with it, since a copy still reads or writes them, and they are freed when
-        ``complete`` is called for that transfer (deferred free). Call this, not
-        ``manager.free``, for a request that has used the swapper."""
+        copies on the host. While one of its transfers is in flight the manager keeps the
+        device blocks with it (a copy still reads or writes them) and frees them at
+        ``complete`` (deferred free); the host copies go then too."""
         rid = request.request_id
         if rid in self._inflight:
             self._free_after.add(rid)
+            self.manager.free(request)  # deferred by the manager until end_transfer
             return
         rec = self._swapped.pop(rid, None)
         if rec is not None:  # host LRU eviction may already have dropped some of them
@@ -207,6 +212,7 @@ class Swapper:
         out = self.host.prepare_store(hashes, dev)  # atomic: OutOfBlocks, DevicePinned
         pairs = [(d, h) for d, h in zip(dev, out, strict=True) if h is not None]
         self._store([d for d, _ in pairs], [h for _, h in pairs])
+        self.manager.begin_transfer(request)
         t = self._inflight[rid] = Transfer("store", request, [h for _, h in pairs],
                                            [d for d, _ in pairs], request.num_computed_tokens)
         return t
@@ -233,6 +239,7 @@ class Swapper:
         dev = m.get_block_ids(rid)[0][nh: nh + len(found)]
         hb = self.host.prepare_load(found)  # every hash was looked up above: a hit
         self._load(hb, dev)
+        m.begin_transfer(request)
         t = self._inflight[rid] = Transfer("load", request, hb, dev, loaded)
         return t
 

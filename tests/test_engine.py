@@ -99,6 +99,9 @@ EXPECTED_SIGNATURES = {
         "(self, running_request_id: 'Hashable') -> 'list[int]'"),
     "KVCacheManager.get_num_free_blocks": "(self) -> 'int'",
     "KVCacheManager.stats": "(self) -> 'dict[str, int]'",
+    "KVCacheManager.begin_transfer": "(self, request: 'EngineRequest') -> 'None'",
+    "KVCacheManager.end_transfer": "(self, request: 'EngineRequest') -> 'None'",
+    "KVCacheManager.transfers_in_flight": "(self, request: 'EngineRequest') -> 'int'",
     "EngineRequest.__init__": (
         "(self, request_id: 'Hashable', prompt_token_ids: 'Sequence[int]', *, "
         "cache_salt: 'str | bytes | None' = None, extra_keys: 'Iterable[str | int | bytes]' "

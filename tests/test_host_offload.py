@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedkv.allocator.errors import OutOfBlocks
-from pagedkv.engine import KVCacheManager
+from pagedkv.engine import KVCacheManager, TransferInFlight
 from pagedkv.engine.offload import SwapError, Swapper
 from pagedkv.engine.request import EngineRequest
 from pagedkv.kernels import KVCachePool
@@ -219,3 +219,59 @@ def test_free_of_a_swapped_out_request_drops_its_host_copies() -> None:
     assert sw.host.num_free() == sw.host.num_blocks and not sw.is_swapped_out(a)
     with pytest.raises(SwapError):
         sw.swap_in(a)
+
+
+def _step(m: KVCacheManager, dev, req: EngineRequest, seed: int) -> None:
+    """One launch writing the request's positions past its computed ones, then completion."""
+    launch = m.publish([req])
+    table = m.get_block_ids(req.request_id)[0]
+    for t, kv in enumerate(dev):
+        for p in range(req.num_computed_tokens, req.num_tokens):
+            kv[table[p // B], p % B] = _random((HEADS, DIM), seed * 10000 + t * 100 + p)
+    m.complete(launch)
+    req.num_computed_tokens = req.num_tokens
+
+
+def test_swapped_in_blocks_become_prefix_hits_only_once_the_load_completed() -> None:
+    m, dev, sw = _setup()
+    a = EngineRequest("a", list(range(100, 112)))  # three full blocks
+    assert m.allocate_slots(a, a.num_tokens) is not None
+    _step(m, dev, a, 1)
+    want = _kv_of(dev, m.get_block_ids("a")[0], 12)
+    sw.complete(sw.swap_out(a))
+    b, _ = _admit(m, dev, "b", (NUM_BLOCKS - 1) * B, 7)  # evicts a's cached device blocks
+    m.free(b)
+    probe = list(range(100, 112)) + [1, 2, 3, 4]
+    assert m.get_computed_blocks(EngineRequest("p", probe))[1] == 0
+    t = sw.swap_in(a)
+    assert len(t.host_blocks) == 3
+    before = m.stats()
+    with pytest.raises(TransferInFlight):  # a launch would be taken as having written it
+        m.publish([a])
+    assert m.stats() == before and m.get_computed_blocks(EngineRequest("q", probe))[1] == 0
+    sw.complete(t)
+    a.append_output_token_ids([9])
+    assert m.allocate_slots(a, 1) is not None
+    _step(m, dev, a, 2)  # the next launch of a commits the loaded blocks with its own
+    hits, n, _ = m.get_computed_blocks(EngineRequest("r", probe))
+    assert n == 12 and list(hits.block_ids) == m.get_block_ids("a")[0][:3]
+    for w, g in zip(want, _kv_of(dev, list(hits.block_ids), 12), strict=True):
+        assert torch.equal(w, g)
+
+
+def test_manager_free_during_a_swap_out_is_deferred_and_a_launch_is_refused() -> None:
+    m, dev, sw = _setup()
+    a, table = _admit(m, dev, "a", 10, 1)
+    t = sw.swap_out(a)
+    assert m.transfers_in_flight(a) == 1
+    with pytest.raises(TransferInFlight):  # it would write blocks the stores read
+        m.publish([a])
+    m.free(a)  # the engine calls the manager directly: still deferred
+    assert m.get_block_ids("a")[0] == table
+    b = EngineRequest("b", list(range(5000, 5000 + (NUM_BLOCKS - 1) * B)))
+    assert m.allocate_slots(b, (NUM_BLOCKS - 1) * B) is None
+    sw.complete(t)
+    assert m.get_block_ids("a")[0] == [] and m.transfers_in_flight(a) == 0
+    assert m.allocate_slots(b, (NUM_BLOCKS - 1) * B) is not None
+    with pytest.raises(ValueError):
+        m.end_transfer(a)  # none in flight
