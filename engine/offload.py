@@ -57,9 +57,9 @@ class SwapError(AllocatorError):
 
 @dataclass
 class Transfer:
-    """One swap in flight; ``complete`` it once its copies are done."""
+    """One transfer in flight; ``complete`` it once its copies are done."""
 
-    kind: str  # "out" | "in"
+    kind: str  # "out" / "in" (swap), "store" (offload), "load" (admit)
     request: EngineRequest
     host_blocks: list[int]
     device_blocks: list[int]
@@ -75,6 +75,9 @@ class _Swapped:
 
 
 class Swapper:
+    """The host tier behind a ``KVCacheManager``: swap, offload and host prefix hits (see the
+    module doc). One transfer per request at a time."""
+
     def __init__(self, manager: KVCacheManager, device_pool: KVCachePool,
                  host_pool: KVCachePool, checked: bool = True) -> None:
         if not isinstance(device_pool, KVCachePool) or not isinstance(host_pool, KVCachePool):
