@@ -45,11 +45,16 @@ Deliberate differences from vLLM 0.33.0 (each one is a safety rule or a scope li
    sampled by the launch in flight) and speculative-decoding verification (``num_new_tokens``
    covering draft tokens); such a position is hashed and cached only once its id is known
    and ``num_computed_tokens`` counts it, so the KV of a rejected draft is never cached under
-   the token sampled in its place. Rolling issued positions back (``num_computed_tokens``
-   lowered below them after a rejection) is refused with ``ValueError`` at the next
-   ``allocate_slots``, nothing changed: the positions would have to be written again, and
-   pagedkv keeps table entries only by releasing them (``BlockAllocator.truncate``), where vLLM
-   keeps the blocks. ``num_lookahead_tokens``, ``num_external_computed_tokens`` (KV
+   the token sampled in its place. ``num_lookahead_tokens`` reserves that many more
+   positions (the launch writes them: a drafter's proposals). Rolling back (the scheduler
+   lowers ``num_computed_tokens`` below the issued positions after rejecting drafts) happens
+   at the next ``allocate_slots``: ``BlockAllocator.truncate`` rewinds the kept partial
+   block's rejected slots and releases the table entries wholly past the new end (epochs:
+   reused once no launch can read them), and the table grows again, so the next launch writes
+   those positions anew. vLLM keeps the blocks, so block ids past the rollback point can
+   differ. A rollback is refused (``ValueError``, nothing changed) while a launch of the
+   request is in flight, or below what is already committed; its capacity check does not
+   count the blocks it is about to release. ``num_external_computed_tokens`` (KV
    connectors) and ``num_encoder_tokens`` must be 0. ``delay_cache_blocks`` and
    ``skip_zeroing_group_ids`` are accepted and have no effect (caching always waits for the
    launch). ``cache_blocks`` caches nothing by itself: it only processes completed launches.
@@ -349,6 +354,33 @@ class KVCacheManager:
                 e.computed = n
             self._drain()
 
+    def _check_rollback(self, entry: _Live, issued: int) -> None:
+        """``ValueError`` (nothing changed) unless the entry's positions from
+        ``num_computed_tokens`` on may be rolled back now."""
+        req = entry.req
+        n = req.num_computed_tokens
+        self._advance(entry)
+        if entry.inflight:
+            raise ValueError(
+                f"{req!r}: num_computed_tokens {n} is below the {issued} positions launches "
+                "were issued to write, and one of its launches is still in flight: roll "
+                "back once it completed")
+        if n < entry.computed or n < 1:
+            raise ValueError(
+                f"{req!r}: num_computed_tokens {n} is below the {max(entry.computed, 1)} "
+                "positions already committed (cached): they cannot be rolled back")
+
+    def _rollback(self, entry: _Live) -> None:
+        """Forget the entry's positions from ``num_computed_tokens`` on (``_check_rollback``
+        passed): ``BlockAllocator.truncate`` releases the table entries past the new end and
+        rewinds the kept partial block's dropped slots, so the next launch writes them again
+        and nothing of the rejected tokens is committed."""
+        n = entry.req.num_computed_tokens
+        self._alloc.truncate(entry.req.request_id, n)
+        entry.known = min(entry.known, n)  # truncate forgot the ids from n on: resent
+        entry.written = min(entry.written, n)
+        entry.vouched = min(entry.vouched, n)
+
     @staticmethod
     def _advance(entry: _Live) -> None:
         """Take in the entry's launches that completed, in publish order (a launch that
@@ -552,11 +584,11 @@ class KVCacheManager:
         num_new_tokens = _count(num_new_tokens, "num_new_tokens")
         num_new_computed_tokens = _count(num_new_computed_tokens, "num_new_computed_tokens")
         reserved_blocks = _count(reserved_blocks, "reserved_blocks")
-        if (type(num_lookahead_tokens) is not int or num_lookahead_tokens
-                or type(num_external_computed_tokens) is not int or num_external_computed_tokens
+        if type(num_lookahead_tokens) is not int or num_lookahead_tokens:
+            num_lookahead_tokens = _count(num_lookahead_tokens, "num_lookahead_tokens")
+        if (type(num_external_computed_tokens) is not int or num_external_computed_tokens
                 or type(num_encoder_tokens) is not int or num_encoder_tokens):
-            for name, v in (("num_lookahead_tokens", num_lookahead_tokens),
-                            ("num_external_computed_tokens", num_external_computed_tokens),
+            for name, v in (("num_external_computed_tokens", num_external_computed_tokens),
                             ("num_encoder_tokens", num_encoder_tokens)):
                 if _count(v, name):
                     raise ValueError(f"{name} > 0 is not supported by pagedkv.engine")
@@ -585,7 +617,8 @@ class KVCacheManager:
                                      "allocation takes every hit)")
                 return None  # stale lookup: redo get_computed_blocks
             table_len = 0
-            target = num_new_computed_tokens + num_new_tokens
+            target = num_new_computed_tokens + num_new_tokens + num_lookahead_tokens
+            rollback = False
         else:
             if entry.req is not request:
                 raise ValueError(f"another request with id {rid!r} holds blocks")
@@ -593,16 +626,15 @@ class KVCacheManager:
                 raise ValueError(f"{request!r} is running: it takes no new prefix hits")
             hits = []
             issued, reserved = alloc.positions(rid)
-            if request.num_computed_tokens < issued:
-                raise ValueError(
-                    f"{request!r}: num_computed_tokens {request.num_computed_tokens} is below "
-                    f"the {issued} positions launches were issued to write (rejected "
-                    "speculative tokens): rolling issued positions back is not supported by "
-                    "pagedkv.engine")
-            if entry.written > entry.computed:  # written positions whose ids came later
+            n = request.num_computed_tokens
+            rollback = n < issued  # rejected speculative tokens: write those positions again
+            if rollback:
+                self._check_rollback(entry, issued)
+                reserved = n
+            elif entry.written > entry.computed:  # written positions whose ids came later
                 self._commit_ready((entry,))  # (commits reserve nothing)
             table_len = _cdiv(reserved, B)
-            target = max(request.num_computed_tokens + num_new_tokens, reserved)
+            target = max(n + num_new_tokens + num_lookahead_tokens, reserved)
         state = pool.state
         idle_hits = sum(1 for b in hits if state[b] == CACHED and not pool.busy(b)) if hits else 0
         watermark = 0
@@ -630,6 +662,8 @@ class KVCacheManager:
                 raise
             self._live[rid] = _Live(request, len(hits) * B)
         else:
+            if rollback:
+                self._rollback(entry)
             try:
                 added = alloc.extend(rid, target)
             except OutOfBlocks:  # pragma: no cover - checked above

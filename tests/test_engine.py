@@ -513,8 +513,7 @@ def test_block_ids_and_common_prefix_and_argument_errors() -> None:
     assert new.get_block_ids() == (list(new.block_ids),)
     assert KVCacheBlocks().get_block_ids(allow_none=True) is None
     assert (KVCacheBlocks((1,)) + KVCacheBlocks((2,))).block_ids == (1, 2)
-    for kw in ({"num_lookahead_tokens": 1}, {"num_external_computed_tokens": 1},
-               {"num_encoder_tokens": 1}):
+    for kw in ({"num_external_computed_tokens": 1}, {"num_encoder_tokens": 1}):
         with pytest.raises(ValueError, match="not supported"):
             m.allocate_slots(a, 1, **kw)
     with pytest.raises(ValueError, match="greater than 0"):

@@ -84,11 +84,53 @@ def test_a_rejected_draft_position_is_never_cached_under_the_bonus_token() -> No
     assert hit_tokens(m, [1, 2, 3, 4, 5, 8, 9]) == 4  # [5, 8] was never written as such
 
 
-def test_rolling_back_issued_positions_is_refused_and_changes_nothing() -> None:
+def test_rolled_back_positions_are_written_again_and_then_cached() -> None:
     m, r = _verified_drafts()
-    r.num_computed_tokens = 5  # a draft rejected: position 5 must be written again
-    r.append_output_token_ids([5, 8])
-    before = (m.get_block_ids("r"), m.stats(), m.allocator.num_computed("r"))
-    with pytest.raises(ValueError, match="rolling issued positions back is not supported"):
+    r.num_computed_tokens = 5  # draft 5 accepted, draft at position 5 rejected
+    r.append_output_token_ids([5, 8])  # the bonus token 8 takes position 5
+    table = m.get_block_ids("r")[0]
+    assert m.allocate_slots(r, 1) is not None  # position 5 again (B = 2: the kept block)
+    assert m.allocator.num_issued("r") == 5 and m.get_block_ids("r")[0] == table
+    launch = m.publish([r])
+    assert launch.query_lens.tolist() == [1]  # the launch writes position 5 again
+    m.complete(launch)
+    r.num_computed_tokens = 6
+    r.append_output_token_ids([9])
+    m.free(r)
+    assert hit_tokens(m, [1, 2, 3, 4, 5, 8, 9]) == 6  # [5, 8]: written by that launch
+
+
+def test_rollback_waits_for_the_launch_in_flight_and_changes_nothing() -> None:
+    m = KVCacheManager(32, B)
+    r = admitted(m, "r", [1, 2, 3])
+    m.complete(m.publish([r]))
+    r.num_computed_tokens = 3
+    r.append_output_token_ids([4])
+    m.allocate_slots(r, 3)
+    launch = m.publish([r])  # drafts at positions 4, 5, still being written
+    r.num_computed_tokens = 5
+    before = (m.get_block_ids("r"), m.stats(), m.allocator.num_issued("r"))
+    with pytest.raises(ValueError, match="still in flight"):
         m.allocate_slots(r, 1)
-    assert (m.get_block_ids("r"), m.stats(), m.allocator.num_computed("r")) == before
+    assert (m.get_block_ids("r"), m.stats(), m.allocator.num_issued("r")) == before
+    m.complete(launch)
+    r.num_computed_tokens = 2  # below the 3 positions committed when the first launch completed
+    with pytest.raises(ValueError, match="already committed"):
+        m.allocate_slots(r, 1)
+    r.num_computed_tokens = 5
+    assert m.allocate_slots(r, 1) is not None
+
+
+def test_after_a_rollback_nothing_is_committed_before_the_rewrite_completed() -> None:
+    m, r = _verified_drafts()
+    r.num_computed_tokens = 5  # the draft at position 5 rejected; bonus 8 takes it
+    r.append_output_token_ids([5, 8])
+    assert m.allocate_slots(r, 1) is not None
+    rewrite = m.publish([r])  # writes position 5 again, in flight
+    r.num_computed_tokens = 6
+    r.append_output_token_ids([9])  # async scheduling: the next token is already known
+    assert m.allocate_slots(r, 1) is not None  # must not commit position 5 yet
+    assert m.allocator.num_computed("r") <= 5
+    m.complete(rewrite)
+    assert m.allocate_slots(r, 1) is not None
+    assert m.allocator.num_computed("r") == 6
