@@ -360,11 +360,11 @@ class KVCacheManager:
         req = entry.req
         n = req.num_computed_tokens
         self._advance(entry)
-        if entry.inflight:
+        if entry.inflight or req.request_id in self._transfers:
             raise ValueError(
                 f"{req!r}: num_computed_tokens {n} is below the {issued} positions launches "
-                "were issued to write, and one of its launches is still in flight: roll "
-                "back once it completed")
+                "were issued to write, and one of its launches (or a copy of its blocks) is "
+                "still in flight: roll back once it completed")
         if n < entry.computed or n < 1:
             raise ValueError(
                 f"{req!r}: num_computed_tokens {n} is below the {max(entry.computed, 1)} "

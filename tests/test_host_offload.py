@@ -275,3 +275,22 @@ def test_manager_free_during_a_swap_out_is_deferred_and_a_launch_is_refused() ->
     assert m.allocate_slots(b, (NUM_BLOCKS - 1) * B) is not None
     with pytest.raises(ValueError):
         m.end_transfer(a)  # none in flight
+
+
+def test_no_rollback_while_a_copy_of_the_blocks_is_in_flight() -> None:
+    m, dev, sw = _setup()
+    a, _ = _admit(m, dev, "a", 10, 1)
+    assert m.allocate_slots(a, 3) is not None  # positions 10..12: drafts, ids unknown
+    launch = m.publish([a])
+    a.num_computed_tokens = 13
+    m.complete(launch)
+    table = m.get_block_ids("a")[0]
+    t = sw.offload(a)
+    a.num_computed_tokens = 11  # two drafts rejected: a rollback releases and rewinds blocks,
+    a.append_output_token_ids([1, 2])  # (the accepted draft and the bonus token)
+    with pytest.raises(ValueError, match="still in flight"):  # not while a copy reads them
+        m.allocate_slots(a, 1)
+    assert m.get_block_ids("a")[0] == table
+    sw.complete(t)
+    assert m.allocate_slots(a, 1) is not None  # rolled back once the copy completed
+    assert m.allocator.num_issued("a") == 11
