@@ -52,9 +52,9 @@ Deliberate differences from vLLM 0.33.0 (each one is a safety rule or a scope li
    block's rejected slots and releases the table entries wholly past the new end (epochs:
    reused once no launch can read them), and the table grows again, so the next launch writes
    those positions anew. vLLM keeps the blocks, so block ids past the rollback point can
-   differ. A rollback is refused (``ValueError``, nothing changed) while a launch of the
-   request is in flight, or below what is already committed; its capacity check does not
-   count the blocks it is about to release. ``num_external_computed_tokens`` (KV
+   differ. A rollback is refused (``ValueError``, nothing changed) while a launch (or a
+   transfer) of the request is in flight, or below what is already committed; its capacity
+   check does not count the blocks it is about to release. ``num_external_computed_tokens`` (KV
    connectors) and ``num_encoder_tokens`` must be 0. ``delay_cache_blocks`` and
    ``skip_zeroing_group_ids`` are accepted and have no effect (caching always waits for the
    launch). ``cache_blocks`` caches nothing by itself: it only processes completed launches.
