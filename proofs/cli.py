@@ -22,9 +22,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pagedkv.spec import INVARIANTS, REQUEST_INVARIANTS, spec_digest
+from pagedkv.spec.host_invariants import HOST_INVARIANTS
 
 FULL_STEPS = 100_000
 QUICK_STEPS = 8_000
+HOST_STEPS = 10_000  # the host tier's campaign (``proofs.host_refinement``)
+QUICK_HOST_STEPS = 2_000
 
 
 def _say(msg: str) -> None:
@@ -106,6 +109,12 @@ def run_campaign(target_steps: int, step_count: int = 100, examples: int = 200) 
     return {"ok": steps >= target_steps, "steps": steps, "seeds": seeds,
             "live_every": refinement.LIVE_EVERY, "live_instances": live,
             "rules": _rule_table(counts)}
+
+
+def run_host_campaign_part(target_steps: int) -> dict:
+    from pagedkv.proofs.host_refinement import run_host_campaign
+
+    return run_host_campaign(target_steps)
 
 
 def _rule_table(counts: dict[str, int]) -> dict[str, dict]:
@@ -236,8 +245,10 @@ def build_rows(parts: dict[str, dict]) -> list[dict[str, str]]:
         conds = [c["status"] for f in spec_targets.values() for c in f.get("conditions", [])]
         good = sum(s.startswith(("confirmed", "allowlisted")) for s in conds)
         ch_status = f"{good}/{len(conds)} confirmed"
+    host_campaign = parts.get("host_campaign", {})
     rows = []
-    for name, inv in {**INVARIANTS, **REQUEST_INVARIANTS}.items():
+    for name, inv in {**INVARIANTS, **REQUEST_INVARIANTS, **HOST_INVARIANTS}.items():
+        host = name in HOST_INVARIANTS
         entry = (proofs.get("invariants") or {}).get(name, {})
         canaries = _mentions(parts.get("canaries", {}), "canaries", name)
         mutation = parts.get("mutation", {})
@@ -247,12 +258,15 @@ def build_rows(parts: dict[str, dict]) -> list[dict[str, str]]:
             "invariant": name,
             "property": inv.property,
             "z3 induction": _induction(entry) if entry else "not run",
-            "reachable states": _reachable(entry) if entry else "not run",
+            "reachable states": "-" if host else _reachable(entry) if entry else "not run",
             "stateful steps": (
+                (f"{host_campaign.get('steps', 0):,} ok (host tier)" if host_campaign.get("ok")
+                 else "FAILED" if host_campaign else "not run") if host else
                 f"{campaign.get('steps', 0):,} ok, "
                 f"{campaign.get('live_instances', {}).get(name, 0):,} live"
                 if campaign.get("ok") else "FAILED" if campaign else "not run"),
-            "CrossHair (spec)": ch_status if inv.scope in ("block", "launch") else "-",
+            "CrossHair (spec)": (ch_status if inv.scope in ("block", "launch") and not host
+                                 else "-"),
             "canaries": ", ".join(canaries) or "-",
             "mutants killed": f"{mutants}{stale}" if mutants is not None else "-",
         })
@@ -313,6 +327,10 @@ def render_summary(parts: dict[str, dict]) -> str:
         for rule, e in camp["rules"].items():
             shares = ", ".join(f"{k} {v:.0%}" for k, v in e["outcomes"].items())
             lines.append(f"  {rule:<24} {e['calls']:>7,} calls: {shares}")
+    hc = parts.get("host_campaign", {})
+    if hc.get("rules"):
+        lines.append(f"host tier campaign: {hc['steps']:,} steps, seeds {hc['seeds']}; "
+                     + ", ".join(f"{k} {v:,}" for k, v in hc["rules"].items()))
     w = parts.get("workload", {})
     if "steps" in w:
         lines.append(
@@ -354,6 +372,8 @@ def verify(quick: bool = False, steps: int | None = None, out_dir: Path = Path("
     parts["canaries"] = _guarded("canaries", run_canaries_part)
     target = steps or (QUICK_STEPS if quick else FULL_STEPS)
     parts["campaign"] = _guarded("stateful campaign", lambda: run_campaign(target))
+    parts["host_campaign"] = _guarded("host tier campaign", lambda: run_host_campaign_part(
+        QUICK_HOST_STEPS if quick else HOST_STEPS))
     parts["workload"] = _guarded("serving workload", lambda: run_workload_part(quick))
     parts["soak"] = _guarded("serving soak", lambda: run_soak_part(quick))
     parts["mutation"] = _guarded("mutation report", mutation_part)

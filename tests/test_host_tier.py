@@ -4,40 +4,19 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from pagedkv.allocator.errors import InvalidArgument, InvariantViolation, OutOfBlocks
 from pagedkv.allocator.host import (
     DevicePinned,
-    HostGuardViolation,
     HostMiss,
     HostPool,
     NoTransfer,
 )
-from pagedkv.spec.host import (
-    HOST_BLOCK_FIELDS,
-    HOST_FREE,
-    HOST_STATES,
-    HOST_TRANSITIONS,
-    HostState,
-    evictable,
-    initial_host_state,
-)
-from pagedkv.spec.host_invariants import host_violations
-from pagedkv.spec.ops import CONCRETE, flatten
+from pagedkv.proofs import host_refinement
+from pagedkv.proofs.host_refinement import HostMachine
 from pagedkv.spec.states import NO_BLOCK
 
-
-def _diff(a: HostState, b: HostState) -> list[str]:
-    out = []
-    for f in HOST_BLOCK_FIELDS:
-        out += [f"{f}[{x}]" for x in a.block_ids if getattr(a, f)[x] != getattr(b, f)[x]]
-    for f in ("hmap", "dreader"):
-        if dict(flatten(getattr(a, f)).items()) != dict(flatten(getattr(b, f)).items()):
-            out.append(f)
-    out += [f"count[{st}]" for st in HOST_STATES if a.count[st] != b.count[st]]
-    return out
+_diff = host_refinement.state_diff
 
 
 def _stored(pool: HostPool, hashes, devs) -> list[int]:
@@ -148,108 +127,46 @@ def test_miss_and_bad_input() -> None:
     assert pool.check_all() == []
 
 
-# --- refinement: HostPool agrees with the spec, in both directions ---------------------------
-N = 4
-HASHES = st.integers(1, 6)
-DEVICES = st.integers(0, 5)
-BLOCKS = st.integers(0, N - 1)
-
-
-class HostMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
-        super().__init__()
-        self.pool = HostPool(N)
-        self.pool.trace = []
-        self.spec = initial_host_state(N)
-
-    def _spec_run(self, steps):
-        """The spec's verdict on a planned call: the post-state, or None if a guard fails."""
-        s = self.spec
-        for name, params in steps:
-            t = HOST_TRANSITIONS[name]
-            if not CONCRETE.is_true(t.guard(CONCRETE, s, **params)):
-                return None
-            s = t.effect(CONCRETE, s, **params)
-        return s
-
-    def _expect(self, call, steps, error) -> None:
-        post = self._spec_run(steps)
-        before = self.pool.snapshot()
-        if post is None:
-            with pytest.raises(error):
-                call()
-            assert _diff(before, self.pool.snapshot()) == []
-        else:
-            call()
-            self.spec = post
-            assert _diff(self.spec, self.pool.snapshot()) == []
-
-    @rule(items=st.lists(st.tuples(HASHES, DEVICES), max_size=3, unique_by=lambda x: x[0]))
-    def prepare_store(self, items) -> None:
-        hashes, devs = [h for h, _ in items], [d for _, d in items]
-        s = self.spec
-        new = [i for i, h in enumerate(hashes) if s.hmap[h] == NO_BLOCK]
-        keep = {s.hmap[h] for h in hashes}
-        room = sum(1 for b in range(N) if s.state[b] == HOST_FREE or (
-            CONCRETE.is_true(evictable(CONCRETE, s, b)) and b not in keep))
-        pinned = any(s.dreader[devs[i]] != NO_BLOCK for i in new) or len(
-            {devs[i] for i in new}) < len(new)
-        before = self.pool.snapshot()
-        self.pool.trace.clear()
-        if len(new) > room:
-            with pytest.raises(OutOfBlocks):
-                self.pool.prepare_store(hashes, devs)
-            assert _diff(before, self.pool.snapshot()) == []
-            return
-        if pinned:
-            with pytest.raises(DevicePinned):
-                self.pool.prepare_store(hashes, devs)
-            assert _diff(before, self.pool.snapshot()) == []
-            return
-        out = self.pool.prepare_store(hashes, devs)
-        # the runtime's choice of blocks (LRU) replays on the spec, every guard holding
-        post = self._spec_run(self.pool.trace)
-        assert post is not None
-        begins = [p for n, p in self.pool.trace if n == "store_begin"]
-        assert [(p["h"], p["d"], p["b"]) for p in begins] == [
-            (hashes[i], devs[i], out[i]) for i in new]
-        assert all(out[i] is None for i in range(len(hashes)) if i not in new)
-        self.spec = post
-        assert _diff(self.spec, self.pool.snapshot()) == []
-
-    @rule(blocks=st.lists(BLOCKS, max_size=3), success=st.booleans())
-    def complete_store(self, blocks, success) -> None:
-        name = "store_done" if success else "store_fail"
-        self._expect(lambda: self.pool.complete_store(blocks, success),
-                     [(name, {"b": b}) for b in blocks], NoTransfer)
-
-    @rule(hashes=st.lists(HASHES, max_size=3))
-    def prepare_load(self, hashes) -> None:
-        self._expect(lambda: self.pool.prepare_load(hashes),
-                     [("load_begin", {"b": self.spec.hmap[h]}) for h in hashes], HostMiss)
-
-    @rule(blocks=st.lists(BLOCKS, max_size=3))
-    def complete_load(self, blocks) -> None:
-        self._expect(lambda: self.pool.complete_load(blocks),
-                     [("load_done", {"b": b}) for b in blocks], NoTransfer)
-
-    @rule(blocks=st.lists(BLOCKS, max_size=2))
-    def discard(self, blocks) -> None:
-        self._expect(lambda: self.pool.discard(blocks),
-                     [("evict", {"b": b}) for b in blocks], HostGuardViolation)
-
-    @rule(h=HASHES)
-    def lookup(self, h) -> None:
-        b = self.spec.hmap[h]
-        hit = b != NO_BLOCK and self.spec.state[b] in (2, 3)
-        assert self.pool.lookup(h) == (b if hit else None)
-
-    @invariant()
-    def invariants_hold(self) -> None:
-        assert host_violations(self.spec, CONCRETE) == []
-        assert self.pool.check_all() == []
-        assert self.pool.num_free() == sum(self.spec.state[b] == HOST_FREE for b in range(N))
-
-
+# --- refinement: HostPool agrees with the spec, in both directions (the verify campaign's
+# machine, ``pagedkv.proofs.host_refinement``) ---------------------------------------------
 TestHostRefinement = HostMachine.TestCase
 TestHostRefinement.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class _HitOnStoring(HostPool):
+    """A planted bug: a store still in flight counts as a hit (KV not yet on the host)."""
+
+    def lookup(self, h: int):
+        b = self._arrays["hmap"][h]
+        return None if b == NO_BLOCK else b
+
+
+class _LoadKeepsPin(HostPool):
+    """A planted bug: a completed load does not unpin its block."""
+
+    def complete_load(self, blocks):
+        self._block(blocks[0]) if blocks else None
+
+
+@pytest.mark.parametrize("bug", [_HitOnStoring, _LoadKeepsPin])
+def test_the_host_campaign_catches_a_planted_bug(monkeypatch, bug) -> None:
+    assert host_refinement.run_host_campaign(500)["ok"]
+    monkeypatch.setattr(host_refinement, "pool_factory", bug)
+    with pytest.raises(host_refinement.RefinementError):
+        host_refinement.run_host_campaign(3000, shrink=False)
+
+
+def test_verify_reports_the_host_tier_rows_and_campaign() -> None:
+    from pagedkv.proofs import cli as verify_cli
+    from pagedkv.spec.host_invariants import HOST_INVARIANTS
+
+    part = verify_cli.run_host_campaign_part(200)
+    assert part["ok"] and part["steps"] >= 200
+    parts = {"host_campaign": part}
+    rows = {r["invariant"]: r for r in verify_cli.build_rows(parts)}
+    assert all(rows[n]["stateful steps"] == f"{part['steps']:,} ok (host tier)"
+               for n in HOST_INVARIANTS)
+    assert "host tier campaign" in verify_cli.render_summary(parts)
+    failed = {n: r for n, r in ((r["invariant"], r) for r in verify_cli.build_rows(
+        {"host_campaign": {"ok": False}})) if n in HOST_INVARIANTS}
+    assert all(r["stateful steps"] == "FAILED" for r in failed.values())
