@@ -28,6 +28,7 @@ from typing import Any
 import z3
 
 from pagedkv.spec.host import (
+    HOST_ARRAY_FIELDS,
     HOST_BLOCK_FIELDS,
     HOST_PARAM_KINDS,
     HOST_TRANSITIONS,
@@ -42,7 +43,6 @@ from .induction import COUNTEREXAMPLE, PROVED, UNKNOWN, Obligation, solve
 from .nonvacuity import DEAD, ENABLED
 
 SYMBOLIC = "symbolic"
-_II = z3.ArraySort(z3.IntSort(), z3.IntSort())
 
 
 class _RestSumOps(Z3Ops):
@@ -65,8 +65,7 @@ class _RestSumOps(Z3Ops):
 
 
 def symbolic_host_state(tag: str = "pre_") -> HostState:
-    arr = {f: z3.Array(f"{tag}{f}", z3.IntSort(), z3.IntSort())
-           for f in ("state", "hash", "pins", "src", "hmap", "dreader", "count")}
+    arr = {f: z3.Array(f"{tag}{f}", z3.IntSort(), z3.IntSort()) for f in HOST_ARRAY_FIELDS}
     return HostState(num_blocks=z3.Int(f"{tag}num_blocks"), **arr)
 
 

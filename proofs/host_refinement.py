@@ -23,13 +23,12 @@ from pagedkv.allocator.host import DevicePinned, HostGuardViolation, HostMiss, H
 from pagedkv.spec.host import (
     HOST_BLOCK_FIELDS,
     HOST_FREE,
-    HOST_LOADING,
     HOST_STATES,
-    HOST_STORED,
     HOST_TRANSITIONS,
     HostState,
     evictable,
     initial_host_state,
+    loadable,
 )
 from pagedkv.spec.host_invariants import host_violations
 from pagedkv.spec.ops import CONCRETE, flatten
@@ -167,12 +166,12 @@ class HostMachine(RuleBasedStateMachine):
 
     @rule()
     def lookup(self) -> None:
-        """Every hash: a hit exactly on complete KV (STORED or LOADING), never a store in
-        flight."""
+        """Every hash: a hit exactly where the spec's ``loadable`` holds (complete KV),
+        never on a store in flight."""
         hits = 0
         for h in range(1, MAX_HASH + 1):
             b = self.spec.hmap[h]
-            hit = b != NO_BLOCK and self.spec.state[b] in (HOST_STORED, HOST_LOADING)
+            hit = b != NO_BLOCK and CONCRETE.is_true(loadable(CONCRETE, self.spec, b))
             got = self.pool.lookup(h)
             if got != (b if hit else None):
                 raise RefinementError(f"lookup({h}) is {got}, the spec says "
