@@ -24,6 +24,10 @@ from numba import cuda
 from .errors import KernelDeviceError, KernelTypeError
 
 SIMULATOR: bool = bool(_numba_config.ENABLE_CUDASIM)
+if SIMULATOR:
+    from . import _simulator_fix
+
+    _simulator_fix.install()
 
 # Element kinds of a KV cache: name -> bytes per element.
 KV_KINDS = {"f32": 4, "f16": 2, "bf16": 2}
