@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from pagedkv.spec.explain import failed_conditions
 from pagedkv.spec.host import (
     HOST_ARRAY_FIELDS,
     HOST_BLOCK_FIELDS,
@@ -23,6 +24,7 @@ from pagedkv.spec.host import (
     HOST_STATE_NAMES,
     HOST_STATES,
     HOST_TRANSITIONS,
+    HOST_WORDS,
     HostState,
     HostTransition,
     evictable,
@@ -173,7 +175,11 @@ class HostPool:
         """Pin the host blocks of ``hashes`` for host -> device copies (each must be a hit:
         else ``HostMiss``, nothing changed)."""
         hmap = self._arrays["hmap"]
-        plan = [("load_begin", {"b": hmap[_check_int("hash", h)]}) for h in hashes]
+        for h in hashes:
+            if hmap[_check_int("hash", h)] == NO_BLOCK:  # nothing to plan a load of
+                raise HostMiss("load_begin", f"hash {h} is not on the host (no host block "
+                                             "holds it)")
+        plan = [("load_begin", {"b": hmap[h]}) for h in hashes]
         self._run(plan)
         return [p["b"] for _, p in plan]
 
@@ -200,8 +206,10 @@ class HostPool:
         for name, params in plan:
             t: HostTransition = HOST_TRANSITIONS[name]
             if not CONCRETE.is_true(t.guard(CONCRETE, s, **params)):
-                where = ", ".join(f"{k}={v!r}" for k, v in params.items())
-                raise _GUARD_ERRORS[name](name, f"guard of the spec does not hold at {where}")
+                why = failed_conditions(t.guard, s, vocab=HOST_WORDS, **params)
+                args = ", ".join(f"{k}={v!r}" for k, v in params.items())
+                raise _GUARD_ERRORS[name](name, "; ".join(why or ["its guard does not hold"])
+                                          + f" ({name}({args}))")
             s = t.effect(CONCRETE, s, **params)
         touched = self._commit(s)
         if self.trace is not None:

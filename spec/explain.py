@@ -13,6 +13,7 @@ import functools
 import inspect
 import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .ops import CONCRETE
@@ -44,6 +45,22 @@ FLAG_WORDS = {
     "inflight": ("launch {0} must be in flight", "launch {0} must not be in flight"),
 }
 _STATE_NAMES = {"FREE", "ALLOCATED", "PUBLISHED", "REFERENCED", "CACHED", "RECLAIMED"}
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """How a layer's messages name its fields, flags, states and constants."""
+
+    fields: dict[str, str]
+    flags: dict[str, tuple[str, str]]
+    state_name: Callable[[Any], str]
+    constants: dict[str, str]  # a constant's identifier in the spec -> its name in messages
+    owner: str  # "the pool's number of blocks"
+
+
+POOL_WORDS = Vocabulary(FIELD_WORDS, FLAG_WORDS, state_name,
+                        {**{n: n for n in _STATE_NAMES}, "NO_HASH": "none", "NO_BLOCK": "none"},
+                        "pool")
 _CMP_WORDS = {ast.Eq: "must be", ast.NotEq: "must not be", ast.Lt: "must be <",
               ast.LtE: "must be <=", ast.Gt: "must be >", ast.GtE: "must be >="}
 
@@ -72,8 +89,8 @@ class _Words:
     """Render a conjunct in words, with the values of what it reads."""
 
     def __init__(self, env: dict[str, Any], params: dict[str, Any],
-                 local_defs: dict[str, ast.expr]) -> None:
-        self.env, self.params, self.local_defs = env, params, local_defs
+                 local_defs: dict[str, ast.expr], vocab: Vocabulary = POOL_WORDS) -> None:
+        self.env, self.params, self.local_defs, self.vocab = env, params, local_defs, vocab
 
     def value(self, node: ast.expr) -> Any:
         return eval(compile(ast.fix_missing_locations(ast.Expression(node)), "<guard>", "eval"),
@@ -92,7 +109,7 @@ class _Words:
                 and base.value.id == "s" and chain):
             keys = [repr(self.value(k)) for k in reversed(chain)]
             if base.attr == "count":
-                keys = [state_name(self.value(chain[0]))]
+                keys = [self.vocab.state_name(self.value(chain[0]))]
             elif base.attr == "clock":
                 keys = [CLOCK_WORDS.get(self.value(chain[0]), f"clock {keys[0]}")]
             return base.attr, keys
@@ -103,17 +120,15 @@ class _Words:
         if isinstance(node, ast.Name) and node.id in self.local_defs:
             return self.term(self.local_defs[node.id])
         field = self._field(node)
-        if field is not None and field[0] in FIELD_WORDS:
+        if field is not None and field[0] in self.vocab.fields:
             v = self.value(node)
-            text = FIELD_WORDS[field[0]].format(*field[1], "?", "?")
-            shown = state_name(v) if field[0] == "state" else repr(v)
+            text = self.vocab.fields[field[0]].format(*field[1], "?", "?")
+            shown = self.vocab.state_name(v) if field[0] == "state" else repr(v)
             return f"{text} (it is {shown})"
         if isinstance(node, ast.Attribute) and node.attr in ("block_size", "num_blocks"):
-            return f"the pool's {node.attr.replace('_', ' ')} ({self.value(node)})"
-        if isinstance(node, ast.Name) and node.id in _STATE_NAMES:
-            return node.id
-        if isinstance(node, ast.Name) and node.id in ("NO_HASH", "NO_BLOCK"):
-            return "none"
+            return f"the {self.vocab.owner}'s {node.attr.replace('_', ' ')} ({self.value(node)})"
+        if isinstance(node, ast.Name) and node.id in self.vocab.constants:
+            return self.vocab.constants[node.id]
         if isinstance(node, ast.Name) and node.id in self.params:
             return f"{node.id} ({self.params[node.id]!r})"
         if isinstance(node, ast.BinOp):
@@ -134,7 +149,32 @@ class _Words:
             return f"{self.term(node.left)} {op} {self.term(node.comparators[0])}"
         return ast.unparse(node)
 
+    def _predicate(self, node: ast.expr, negated: bool) -> str | None:
+        """A call of a spec predicate ``pred(ops, s, x, ...)``, said as its own conditions
+        (None when it is no such call, or its body cannot be read)."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            return None
+        fn = self.env.get(node.func.id)
+        if not inspect.isfunction(fn):
+            return None
+        names = list(inspect.signature(fn).parameters)
+        if names[:2] != ["ops", "s"] or len(node.args) != len(names):
+            return None
+        inner = {n: self.value(a) for n, a in zip(names[2:], node.args[2:], strict=True)}
+        if not negated:
+            return "; ".join(failed_conditions(fn, self.env["s"], vocab=self.vocab, **inner)
+                             ) or None
+        found = _conjuncts(fn)
+        if not found or len(found[0][1]) != 1:  # "not (a and b)" has no single reason
+            return None
+        prelude, [part] = found[0]
+        env, local_defs = _prelude_env(fn, prelude, self.env["s"], inner)
+        return _Words(env, inner, local_defs, self.vocab).say(part, negated=True)
+
     def say(self, node: ast.expr, negated: bool = False) -> str:
+        predicate = self._predicate(node, negated)
+        if predicate is not None:
+            return predicate
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             op, args = node.func.attr, node.args
             if op == "Not":
@@ -156,8 +196,8 @@ class _Words:
                     words, f"must not satisfy '{words}'")
             return f"{self.term(left)} {words} {self.term(right)}"
         field = self._field(node)
-        if field is not None and field[0] in FLAG_WORDS:
-            return FLAG_WORDS[field[0]][negated].format(*field[1], "?", "?")
+        if field is not None and field[0] in self.vocab.flags:
+            return self.vocab.flags[field[0]][negated].format(*field[1], "?", "?")
         return f"{self.term(node)} must be {not negated}"
 
 
@@ -176,12 +216,14 @@ def _prelude_env(fn: Callable[..., Any], prelude: list[ast.stmt], s: Any,
     return env, local_defs
 
 
-def failed_conditions(guard: Callable[..., Any], s: Any, **params: Any) -> list[str]:
-    """The conjuncts of ``guard`` that are false on concrete state ``s``, in words."""
+def failed_conditions(guard: Callable[..., Any], s: Any, vocab: Vocabulary = POOL_WORDS,
+                      **params: Any) -> list[str]:
+    """The conjuncts of ``guard`` that are false on concrete state ``s``, in words (``vocab``:
+    the words of the layer ``s`` belongs to)."""
     out: list[str] = []
     for prelude, parts in _conjuncts(guard):
         env, local_defs = _prelude_env(guard, prelude, s, params)
-        words = _Words(env, params, local_defs)
+        words = _Words(env, params, local_defs, vocab)
         for part in parts:
             if isinstance(part, ast.Starred):
                 items = list(words.value(part.value))

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .explain import Vocabulary
 from .ops import Arr
 from .states import NO_BLOCK, NO_HASH
 
@@ -206,6 +207,25 @@ HOST_TRANSITIONS: dict[str, HostTransition] = {
                        "unpinned STORED -> FREE (LRU victim); hash dropped"),
     )
 }
+
+
+# How refusals name the host tier's fields and states (``spec.explain.failed_conditions``).
+HOST_WORDS = Vocabulary(
+    fields={
+        "state": "the state of host block {0}",
+        "hash": "the hash host block {0} holds",
+        "pins": "the copies in flight that use host block {0}",
+        "src": "the device block host block {0} copies",
+        "hmap": "the host block holding hash {0}",
+        "dreader": "the host block whose store reads device block {0}",
+        "count": "the number of host blocks in state {0}",
+    },
+    flags={},
+    state_name=lambda v: HOST_STATE_NAMES.get(v, repr(v)),
+    constants={**{f"HOST_{n}": n for n in HOST_STATE_NAMES.values()},
+               "NO_HASH": "none", "NO_BLOCK": "none"},
+    owner="host tier",
+)
 
 
 def host_step(s: HostState, name: str, ops: Any, **params: Any) -> HostState:

@@ -8,6 +8,7 @@ from hypothesis import settings
 from pagedkv.allocator.errors import InvalidArgument, InvariantViolation, OutOfBlocks
 from pagedkv.allocator.host import (
     DevicePinned,
+    HostGuardViolation,
     HostMiss,
     HostPool,
     NoTransfer,
@@ -170,3 +171,36 @@ def test_verify_reports_the_host_tier_rows_and_campaign() -> None:
     failed = {n: r for n, r in ((r["invariant"], r) for r in verify_cli.build_rows(
         {"host_campaign": {"ok": False}})) if n in HOST_INVARIANTS}
     assert all(r["stateful steps"] == "FAILED" for r in failed.values())
+
+
+def _refusal(call) -> tuple[type, str]:
+    with pytest.raises(HostGuardViolation) as err:
+        call()
+    return type(err.value), str(err.value)
+
+
+def test_refusals_name_the_failed_conditions_in_host_words() -> None:
+    pool = HostPool(3)
+    [b] = pool.prepare_store([7], [4])  # b STORING, device block 4 pinned by it
+    cases = [
+        (lambda: pool.prepare_store([8], [4]), DevicePinned,
+         ["the host block whose store reads device block 4 (it is 0) must be none"]),
+        (lambda: pool.prepare_load([7]), HostMiss,
+         ["the state of host block 0 (it is STORING) must be STORED",
+          "the state of host block 0 (it is STORING) must be LOADING"]),
+        (lambda: pool.prepare_load([9]), HostMiss, ["hash 9 is not on the host"]),
+        (lambda: pool.complete_load([b]), NoTransfer,
+         ["the state of host block 0 (it is STORING) must be LOADING"]),
+        (lambda: pool.discard([b]), HostGuardViolation,
+         ["the state of host block 0 (it is STORING) must be STORED"]),
+        (lambda: pool.complete_store([1], True), NoTransfer,
+         ["the state of host block 1 (it is FREE) must be STORING"]),
+    ]
+    before = pool.snapshot()
+    for call, error, words in cases:
+        kind, text = _refusal(call)
+        assert kind is error, text
+        assert "does not hold" not in text, text
+        for w in words:
+            assert w in text, text
+    assert _diff(before, pool.snapshot()) == []
