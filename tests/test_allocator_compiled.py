@@ -124,3 +124,16 @@ def test_every_transition_runs_compiled():
         assert predict is not None, f"{name}'s effect runs interpreted"
         assert guard.__code__.co_filename.startswith("<spec guard"), (
             f"{name}'s guard runs interpreted")
+
+
+def test_every_transition_has_probe_pools_on_which_its_guard_holds():
+    """The witness table is current: each listed seed's pool satisfies the guard somewhere, so
+    compiled effects are compared with the spec where they run. A spec change that breaks it
+    prints the table to paste (``find_witness_seeds``)."""
+    from pagedkv.allocator.compiled import WITNESS_SEEDS, find_witness_seeds, is_witness
+
+    fresh = {n: find_witness_seeds(t) for n, t in TRANSITIONS.items()}
+    stale = {n: seeds for n, seeds in WITNESS_SEEDS.items()
+             if n not in TRANSITIONS or not all(is_witness(TRANSITIONS[n], s) for s in seeds)}
+    assert set(WITNESS_SEEDS) == set(TRANSITIONS) and not stale, f"WITNESS_SEEDS = {fresh!r}"
+    assert all(len(seeds) >= 3 for seeds in WITNESS_SEEDS.values())

@@ -76,3 +76,24 @@ def test_a_wrong_rewriting_is_caught_before_it_runs(monkeypatch):
     src = batch_source(t)
     assert "= ref[0]" in src
     assert not batch_agrees(t, compile(src, "<wrong>", "exec"))
+
+
+@pytest.mark.parametrize("cell", ["retire", "ref", "state", "filled"])
+def test_a_hoisting_that_reads_block_0_of_any_cell_is_caught(monkeypatch, cell):
+    """Reading ``x[0]`` for ``x[b]`` matters only where the guard holds at some b != 0, which
+    random probe pools rarely give (retire's went unnoticed); the witness pools give it."""
+    import pagedkv.allocator.compiled as compiled
+
+    real = compiled._hoisted
+
+    def wrong(reads, guard, params):
+        return [line.replace(f"= {cell}[b]", f"= {cell}[0]")
+                for line in real(reads, guard, params)]
+
+    monkeypatch.setattr(compiled, "_hoisted", wrong)
+    mutated = [name for name in BlockPool.BATCHED
+               if f"= {cell}[0]" in batch_source(TRANSITIONS[name])]
+    assert mutated, cell
+    for name in mutated:
+        src = batch_source(TRANSITIONS[name])
+        assert not batch_agrees(TRANSITIONS[name], compile(src, "<wrong>", "exec")), name
