@@ -225,7 +225,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                         prefix_caching=not args.no_prefix_caching, checked=not args.unchecked,
                         kv=args.kv, shape=shape,
                         kv_backend=args.kv_backend, kv_tolerance=args.kv_tolerance,
-                        contiguous_max_len=args.contiguous_max_len)
+                        contiguous_max_len=args.contiguous_max_len,
+                        preempt=args.preempt, host_blocks=args.host_blocks)
     cfg.check()
     if args.trace is not None:
         wl = workloads.read_trace(args.trace, seed=args.seed, limit=args.requests)
@@ -335,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also render with Graphviz `dot` (must be installed)")
     d.set_defaults(run=cmd_diagram)
 
-    from .simulate import KV_BACKENDS, KV_DTYPES
+    from .simulate import KV_BACKENDS, KV_DTYPES, PREEMPT_MODES
     from .workloads import PRESETS
 
     sm = sub.add_parser(
@@ -343,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay a serving workload through the engine front door (optionally checking "
              "every attention output against dense attention: --kv)",
         description="A continuous-batching scheduler (FCFS, token budget, chunked prefill, "
-        "preemption by recompute) drives pagedkv.engine.KVCacheManager with the checked "
+        "preemption by recompute or swap) drives pagedkv.engine.KVCacheManager with the checked "
         "allocator over a preset workload or a JSONL trace; reports allocator throughput, "
         "concurrency, occupancy, tail waste, prefix hits, preemptions, admission headroom "
         "and paged vs contiguous capacity. Exit status 1 if the --kv check fails.")
@@ -374,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens scheduled per step (default 2048)")
     e.add_argument("--max-running", type=int, default=64, metavar="N",
                    help="running requests at most (default 64)")
+    e.add_argument("--preempt", choices=PREEMPT_MODES, default="recompute",
+                   help="recompute: a preempted request's KV is recomputed (default); swap: "
+                        "it is copied to a host tier and back (recompute where that fails)")
+    e.add_argument("--host-blocks", type=int, default=None, metavar="N",
+                   help="--preempt swap: blocks in the host tier (default: --num-blocks)")
     e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     e.add_argument("--unchecked", action="store_true",
                    help="the allocator without checked mode (to time what checking costs; "

@@ -8,7 +8,9 @@ checked allocator, ``checked=True``) step by step:
   ``max_running`` running requests; chunked prefill (a prompt takes what the budget leaves);
 - a running request whose ``allocate_slots`` fails preempts the most recently admitted running
   request (``KVCacheManager.preempt``: preemption by recompute; its prefix may still hit the
-  cache when it is re-admitted), and retries; no admission in a step that preempted;
+  cache when it is re-admitted), and retries; no admission in a step that preempted. With
+  ``preempt="swap"`` (``--preempt swap``) the victim's KV is copied to a host tier instead
+  (``SwapTier``) and copied back when it is readmitted, so nothing is recomputed;
 - admission: ``get_computed_blocks`` then ``allocate_slots`` with the hit blocks, then
   ``record_prefix_cache_stats``; a request that does not fit waits (head of line);
 - one launch per step: ``publish`` every scheduled request, (with ``--kv``) write the KV and
@@ -46,7 +48,8 @@ peak and mean, as a fraction of the usable blocks and in bytes against the reser
 table positions); ``tail_waste`` (slots reserved past each table's last position);
 ``prefix_cache`` (hit rate of the admission lookups, first admissions and re-admissions after
 preemption apart; evictable cached blocks); ``preemptions`` (by recompute, tokens recomputed;
-``swap`` is None: the front door has no swap); ``admission_headroom`` (``num_blocks - held``:
+``swap``: None, or swapped out / in, tokens swapped back in, preemptions that fell back to
+recompute, host blocks); ``admission_headroom`` (``num_blocks - held``:
 min, mean, final); ``paged_vs_contiguous`` (contiguous = reserved bytes / (max length x bytes
 per token) requests, against the peak concurrency paged reached and what limited it);
 ``kv_check`` (None without ``--kv``: backend, outputs checked, max relative error, tolerance,
@@ -74,8 +77,9 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 KV_DTYPES = ("fp32", "fp16", "bf16")
 KV_BACKENDS = ("auto", "reference", "kernels")
 MAX_FAILURES_KEPT = 20
-SWAP_NOTE = ("not offered: pagedkv.engine.KVCacheManager has no swap-out / CPU tier, so "
-             "every preemption is by recompute")
+PREEMPT_MODES = ("recompute", "swap")
+SWAP_NOTE = ("off: every preemption is by recompute (--preempt swap copies a preempted "
+             "request's KV to a host tier and back)")
 
 #: Test seam: when set, ``simulate`` uses it as the ``kernel_hook`` (see ``KernelInputs``).
 KERNEL_HOOK: Callable[[KernelInputs], None] | None = None
@@ -108,8 +112,8 @@ class ModelShape:
         if self.dtype not in DTYPE_BYTES:
             raise CliError(f"unknown --dtype {self.dtype!r}")
         if kv and self.dtype not in KV_DTYPES:
-            raise CliError(f"--kv needs a KV dtype the kernels take ({', '.join(KV_DTYPES)}), "
-                           f"got {self.dtype}")
+            raise CliError(f"--kv and --preempt swap need a KV dtype the kernels take "
+                           f"({', '.join(KV_DTYPES)}), got {self.dtype}")
 
     @property
     def bytes_per_token(self) -> int:
@@ -131,6 +135,8 @@ class SimConfig:
     kv_tolerance: float | None = None  # None: the kernels' fp tolerance for the dtype
     contiguous_max_len: int | None = None  # None: the workload's longest request
     max_steps: int = 10_000_000
+    preempt: str = "recompute"  # or "swap": to a host tier, recompute where that fails
+    host_blocks: int | None = None  # the host tier's blocks (swap); None: num_blocks
 
     def check(self) -> None:
         for name in ("num_blocks", "block_size", "token_budget", "max_running", "max_steps"):
@@ -148,7 +154,16 @@ class SimConfig:
                            f"{self.kv_tolerance}")
         if self.contiguous_max_len is not None and self.contiguous_max_len < 1:
             raise CliError(f"--contiguous-max-len must be >= 1, got {self.contiguous_max_len}")
-        self.shape.check(self.kv)
+        if self.preempt not in PREEMPT_MODES:
+            raise CliError(f"--preempt must be one of {', '.join(PREEMPT_MODES)}, got "
+                           f"{self.preempt!r}")
+        if self.host_blocks is not None:
+            if self.preempt != "swap":
+                raise CliError("--host-blocks sizes the host tier of --preempt swap")
+            if isinstance(self.host_blocks, bool) or not isinstance(self.host_blocks, int) or (
+                    self.host_blocks < 1):
+                raise CliError(f"--host-blocks must be an int >= 1, got {self.host_blocks!r}")
+        self.shape.check(self.kv or self.preempt == "swap")
 
 
 @dataclass
@@ -492,8 +507,86 @@ class KVCheck:
 
 
 # ---- the scheduler -------------------------------------------------------------------------
+class SwapTier:
+    """Preemption by swap (``--preempt swap``): an ``engine.offload.Swapper`` over the device KV
+    pool (the KV check's, else one of the model shape) and a host pool of ``host_blocks``
+    blocks shaped like it. The copies run on the CPU, so a swap completes when it is made.
+    A victim with nothing computed, or for which the host tier has no room, is preempted by
+    recompute; so is a swapped-out request whose host copies the host tier evicted (for later
+    swaps) by the time it is readmitted."""
+
+    def __init__(self, cfg: SimConfig, manager: Any, kv: KVCheck | None,
+                 call: Callable[..., Any]) -> None:
+        import torch
+
+        from pagedkv.engine.offload import Swapper
+        from pagedkv.kernels import KVCachePool
+
+        if kv is not None:
+            device = kv.pool
+        else:
+            s = cfg.shape
+            dtype = {"fp32": torch.float32, "fp16": torch.float16,
+                     "bf16": torch.bfloat16}[s.dtype]
+            device = KVCachePool(s.layers, cfg.num_blocks, cfg.block_size, s.kv_heads,
+                                 s.head_dim, dtype=dtype, device="cpu")
+        self.host_blocks = cfg.host_blocks or cfg.num_blocks
+        self.swapper = Swapper(manager, device, device.like(self.host_blocks),
+                               checked=cfg.checked)
+        self.call = call
+        self.figures = dict.fromkeys(("swapped_out", "swapped_in", "tokens_swapped_in",
+                                      "host_full", "host_lost"), 0)
+
+    def _out(self, req: Any) -> Any:
+        t = self.swapper.swap_out(req)
+        self.swapper.complete(t)
+        return t
+
+    def out(self, req: Any) -> bool:
+        """Swap the running request ``req`` out (it is then PREEMPTED, its device blocks free);
+        False: not done (preempt it by recompute)."""
+        from pagedkv.allocator.errors import OutOfBlocks
+
+        if req.num_computed_tokens == 0:
+            return False
+        try:
+            self.call("swap_out", self._out, req)
+        except OutOfBlocks:  # every host block holds a swap-out not yet swapped back in
+            self.figures["host_full"] += 1
+            return False
+        self.figures["swapped_out"] += 1
+        return True
+
+    def _in(self, req: Any) -> Any:
+        t = self.swapper.swap_in(req)
+        self.swapper.complete(t)
+        return t
+
+    def back(self, req: Any) -> bool | None:
+        """Swap ``req`` back in (RUNNING, its computed tokens restored): True; None: not enough
+        device blocks now (it waits); False: the host tier lost some of its blocks (forgotten:
+        admit it by recompute)."""
+        from pagedkv.allocator.errors import OutOfBlocks
+        from pagedkv.engine.offload import SwapError
+
+        try:
+            t = self.call("swap_in", self._in, req)
+        except OutOfBlocks:
+            return None
+        except SwapError:
+            self.swapper.forget(req)
+            self.figures["host_lost"] += 1
+            return False
+        self.figures["swapped_in"] += 1
+        self.figures["tokens_swapped_in"] += t.num_tokens
+        return True
+
+    def report(self) -> dict[str, Any]:
+        return {**self.figures, "host_blocks": self.host_blocks}
+
+
 class _Req:
-    __slots__ = ("spec", "engine", "high_water", "admitted", "finished")
+    __slots__ = ("spec", "engine", "high_water", "admitted", "finished", "swapped")
 
     def __init__(self, spec: WorkloadRequest) -> None:
         self.spec = spec
@@ -501,6 +594,7 @@ class _Req:
         self.high_water = 0  # positions ever computed (recompute accounting)
         self.admitted = 0
         self.finished = False
+        self.swapped = False  # preempted by swap: its KV waits on the host tier
 
 
 REPORT_KEYS = ("command", "workload", "config", "finished", "rejected", "rejected_ids", "steps",
@@ -511,7 +605,7 @@ SERIES_KEYS = ("step", "running", "batch", "waiting", "held_blocks", "occupancy_
                "occupancy_tokens", "evictable_cached", "admission_headroom",
                "allocatable_now", "tail_waste_slots")
 CALLS = ("new_step_starts", "get_computed_blocks", "allocate_slots", "record_prefix_cache_stats",
-         "preempt", "publish", "complete", "append_token", "free")
+         "preempt", "publish", "complete", "append_token", "free", "swap_out", "swap_in")
 
 
 @dataclass
@@ -552,6 +646,8 @@ def simulate(workload: Workload, cfg: SimConfig,
         finally:
             seconds[name] += clock() - t0
             counts[name] += 1
+
+    swap = SwapTier(cfg, m, kv, call) if cfg.preempt == "swap" else None
 
     # -- the requests, their arrivals and their follow-ups ---------------------------------
     reqs = {r.rid: _Req(r) for r in workload.requests}
@@ -624,8 +720,11 @@ def simulate(workload: Workload, cfg: SimConfig,
                 if new is not None:
                     break
                 victim = running.pop()
-                call("preempt", m.preempt, victim.engine)
-                preemptions += 1
+                if swap is not None and swap.out(victim.engine):
+                    victim.swapped = True
+                else:
+                    call("preempt", m.preempt, victim.engine)
+                    preemptions += 1
                 preempted_now = True
                 waiting.appendleft(victim)
                 if victim is r:
@@ -644,6 +743,20 @@ def simulate(workload: Workload, cfg: SimConfig,
                     if kv is not None:
                         kv.track(r.spec)
                 req = r.engine
+                if r.swapped:
+                    back = swap.back(req) if swap is not None else False
+                    if back is None:
+                        break  # the head waits for device blocks
+                    r.swapped = False
+                    if back:
+                        waiting.popleft()
+                        running.append(r)
+                        n = min(req.num_tokens - req.num_computed_tokens, budget)
+                        if call("allocate_slots", m.allocate_slots, req, n) is None:
+                            break  # running again; its next tokens wait for the next step
+                        scheduled.append((r, n))
+                        budget -= n
+                        continue
                 blocks, hits, _ = call("get_computed_blocks", m.get_computed_blocks, req)
                 n = min(req.num_tokens - hits, budget)
                 new = call("allocate_slots", m.allocate_slots, req, n, hits, blocks,
@@ -730,7 +843,7 @@ def simulate(workload: Workload, cfg: SimConfig,
     wall = time.perf_counter() - wall0
     prefix = m.make_prefix_cache_stats()
     report = _report(workload, cfg, m, kv, series, seconds, counts, tok, preemptions, finished,
-                     rejected, steps, step, prefix, wall)
+                     rejected, steps, step, prefix, wall, swap)
     return SimResult(report, series)
 
 
@@ -744,7 +857,8 @@ def _stat(xs: list[int]) -> tuple[int, float, int]:
 def _report(workload: Workload, cfg: SimConfig, m: Any, kv: KVCheck | None,
             series: dict[str, list[int]], seconds: dict[str, float], counts: dict[str, int],
             tok: dict[str, int], preemptions: int, finished: int, rejected: list[str],
-            steps: int, end_step: int, prefix: Any, wall: float) -> dict[str, Any]:
+            steps: int, end_step: int, prefix: Any, wall: float,
+            swap: SwapTier | None = None) -> dict[str, Any]:
     B = cfg.block_size
     shape = cfg.shape
     bpt = shape.bytes_per_token
@@ -771,7 +885,8 @@ def _report(workload: Workload, cfg: SimConfig, m: Any, kv: KVCheck | None,
     contiguous = math.floor(contiguous_exact)
     if peak_run >= cfg.max_running:
         limited_by = "--max-running"
-    elif preemptions or peak_held >= usable:
+    elif preemptions or (swap is not None and swap.figures["swapped_out"]) or (
+            peak_held >= usable):
         limited_by = "the pool"
     else:
         limited_by = "the workload (the pool never filled)"
@@ -785,7 +900,7 @@ def _report(workload: Workload, cfg: SimConfig, m: Any, kv: KVCheck | None,
             "token_budget": cfg.token_budget, "max_running": cfg.max_running,
             "prefix_caching": cfg.prefix_caching, "checked": cfg.checked,
             "model_shape": vars(shape), "bytes_per_token": bpt, "bytes_per_block": bpb,
-            "reserved_bytes": reserved, "kv": cfg.kv,
+            "reserved_bytes": reserved, "kv": cfg.kv, "preempt": cfg.preempt,
         },
         "finished": finished,
         "rejected": len(rejected),
@@ -828,7 +943,8 @@ def _report(workload: Workload, cfg: SimConfig, m: Any, kv: KVCheck | None,
             "mean_evictable_cached_blocks": mean_cached,
         },
         "preemptions": {"recompute": preemptions, "recomputed_tokens": tok["recomputed"],
-                        "swap": None, "swap_note": SWAP_NOTE},
+                        "swap": swap.report() if swap is not None else None,
+                        "swap_note": None if swap is not None else SWAP_NOTE},
         "admission_headroom": {"min_blocks": min_head, "mean_blocks": mean_head,
                                "final_blocks": int(final["admission_headroom"])},
         "paged_vs_contiguous": {
@@ -842,6 +958,13 @@ def _report(workload: Workload, cfg: SimConfig, m: Any, kv: KVCheck | None,
         },
         "kv_check": kv.report() if kv is not None else None,
     }
+
+
+def _swap_words(sw: dict[str, Any]) -> str:
+    return (f"{sw['swapped_out']:,} swapped out to {sw['host_blocks']:,} host blocks, "
+            f"{sw['swapped_in']:,} swapped back in ({sw['tokens_swapped_in']:,} tokens not "
+            f"recomputed); by recompute instead: {sw['host_full']:,} with the host tier full, "
+            f"{sw['host_lost']:,} whose host copies were evicted")
 
 
 def _pct(x: float) -> str:
@@ -867,7 +990,7 @@ def render(rep: dict[str, Any]) -> str:
         f"kv heads x {s['head_dim']} head dim x {s['dtype']}), {fmt_bytes(c['reserved_bytes'])} "
         "reserved",
         f"  scheduler: FCFS, token budget {c['token_budget']:,}/step, max {c['max_running']} "
-        "running, chunked prefill, preemption by recompute; allocator "
+        f"running, chunked prefill, preemption by {c['preempt']}; allocator "
         + ("checked" if c["checked"] else "UNCHECKED (--unchecked)")
         + ("" if c["prefix_caching"] else ", prefix caching off"),
         f"steps: {rep['steps']:,} (simulated time {rep['simulated_steps']:,} steps), "
@@ -893,7 +1016,8 @@ def render(rep: dict[str, Any]) -> str:
         f"{pc['preempted_queries']:,}); peak {pc['peak_evictable_cached_blocks']:,} evictable "
         "cached blocks",
         f"preemptions: {pre['recompute']:,} by recompute ({pre['recomputed_tokens']:,} tokens "
-        f"recomputed); swap: {pre['swap_note']}",
+        f"recomputed); swap: " + (pre["swap_note"] if pre["swap"] is None else _swap_words(
+            pre["swap"])),
         f"admission headroom: min {hd['min_blocks']:,} blocks, mean {hd['mean_blocks']:,.0f}, "
         f"at the end {hd['final_blocks']:,}",
     ]

@@ -15,25 +15,30 @@ host-side step runs the host spec's guards and effects.
   running on its device blocks.
 - ``swap_in(request)`` re-admits it: device blocks from the manager (prefix hits included),
   host -> device copies into the ones that are not hits; ``complete`` unpins and drops the
-  host copies and gives the request back its computed tokens.
+  host copies and gives the request back its computed tokens. ``forget(request)`` gives a
+  swap-out up (its host copies were evicted): the request is recomputed instead.
 
 Both are atomic: not enough host blocks, not enough device blocks, or host KV missing raise a
 typed error and change nothing. The copies are issued on the current stream (synchronous on
 the CPU); completion is the explicit ``complete`` call, made once they are done.
 
 - ``offload(request)`` copies its full computed blocks to the host under their prefix hashes
-  (the request keeps running); ``admit(request)`` admits a waiting request, loading the
-  blocks after its device prefix hits that the host holds instead of recomputing them.
+  (the request keeps running); ``admit(request)`` admits a waiting request with its cached
+  prefix, loading the blocks after its device prefix hits that the host holds instead of
+  recomputing them.
 
 Limits (the manager is used through its public API only): a swapped-out request's host
 blocks are STORED, so host LRU eviction under offload pressure may reclaim them; ``swap_in``
 then refuses (``SwapError``, nothing changed) and the request must be recomputed.
 
-Every transfer is bracketed by the manager's ``begin_transfer`` / ``end_transfer``: while it is
-in flight the manager refuses to publish the request (``TransferInFlight``) and defers its
-free, so neither ``Swapper.free`` nor ``manager.free`` hands the blocks out under a copy.
-Loaded blocks enter the device prefix cache like computed ones: ``complete`` counts them in
-``num_computed_tokens``, and the next launch of the request commits them.
+A store (swap-out, offload) is bracketed by the manager's ``begin_transfer`` /
+``end_transfer``: while it is in flight the manager refuses to publish the request
+(``TransferInFlight``) and defers its free, so neither ``Swapper.free`` nor ``manager.free``
+hands the blocks out under a copy. A load (swap-in, admit) is a launch of the manager
+(``publish``) that writes the loaded positions: its blocks are pinned like any write's, a free
+meanwhile waits for it, later launches write only the positions after them, and ``complete``
+completes it, so the full loaded blocks enter the device prefix cache then, like computed
+ones, and ``num_computed_tokens`` counts them.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from dataclasses import dataclass, field
 
 from pagedkv.allocator.errors import AllocatorError, InvalidArgument, OutOfBlocks
 from pagedkv.allocator.host import HostPool
+from pagedkv.allocator.launch import Launch
 from pagedkv.kernels.pool import KVCachePool
 
 from .manager import KVCacheManager
@@ -64,6 +70,7 @@ class Transfer:
     host_blocks: list[int]
     device_blocks: list[int]
     num_tokens: int
+    launch: Launch | None = None  # a load's launch: it writes the loaded positions
     done: bool = field(default=False)
 
 
@@ -148,12 +155,23 @@ class Swapper:
         if new is None:
             raise OutOfBlocks(max(len(rec.keys) - nh, 0), m.get_num_free_blocks())
         dev = m.get_block_ids(rid)[0][nh: len(rec.keys)]
-        keys = rec.keys[nh:]
-        hb = self.host.prepare_load(keys)  # every key was looked up above: a hit
-        self._load(hb, dev)
-        m.begin_transfer(request)
-        t = self._inflight[rid] = Transfer("in", request, hb, dev, max(rec.num_tokens, hit_tokens))
+        hb, launch = self._load_as_launch(request, rec.keys[nh:], dev)
+        t = self._inflight[rid] = Transfer("in", request, hb, dev,
+                                           max(rec.num_tokens, hit_tokens), launch)
         return t
+
+    def _load_as_launch(self, request: EngineRequest, keys: list[int], dev: list[int]
+                        ) -> tuple[list[int], Launch | None]:
+        """Pin the host blocks of ``keys`` and copy them into ``dev``, the blocks of the
+        request's positions allocated since its hits: one launch of the manager writes those
+        positions, so the blocks are pinned by it like by any write, later launches write only
+        what follows, and the full ones are cached once it completes (``complete``)."""
+        if not dev:
+            return [], None
+        hb = self.host.prepare_load(keys)  # every key was looked up: a hit
+        launch = self.manager.publish([request])
+        self._load(hb, dev)
+        return hb, launch
 
     def complete(self, transfer: Transfer, success: bool = True) -> None:
         """The transfer's copies are done (or, for a store, failed). The manager's
@@ -171,7 +189,10 @@ class Swapper:
         del self._inflight[rid]
         finished = rid in self._free_after
         self._free_after.discard(rid)
-        self.manager.end_transfer(req)
+        if transfer.launch is not None:
+            self.manager.complete(transfer.launch)
+        if transfer.kind in ("store", "out"):
+            self.manager.end_transfer(req)
         if transfer.kind == "out":
             if not success:
                 del self._swapped[rid]  # the request keeps running on its device blocks
@@ -197,10 +218,24 @@ class Swapper:
             self.manager.free(request)  # deferred by the manager until end_transfer
             return
         rec = self._swapped.pop(rid, None)
-        if rec is not None:  # host LRU eviction may already have dropped some of them
-            self.host.discard([b for k, b in zip(rec.keys, rec.host_blocks, strict=True)
-                               if self.host.lookup(k) == b])
+        if rec is not None:
+            self._drop_copies(rec)
         self.manager.free(request)
+
+    def forget(self, request: EngineRequest) -> None:
+        """Give up a swap-out (``swap_in`` refused: the host tier evicted some of its blocks):
+        the host copies left are dropped, and the request is admitted again like any preempted
+        one, by recompute (``get_computed_blocks``, ``allocate_slots``)."""
+        rid = self._idle(request)
+        rec = self._swapped.pop(rid, None)
+        if rec is None:
+            raise SwapError(f"{request!r} is not swapped out")
+        self._drop_copies(rec)
+
+    def _drop_copies(self, rec: _Swapped) -> None:
+        """Discard a swap-out's host copies (host LRU eviction may have dropped some)."""
+        self.host.discard([b for k, b in zip(rec.keys, rec.host_blocks, strict=True)
+                           if self.host.lookup(k) == b])
 
     # --- offload: full prefix blocks stay hits on the host ---------------------------------
     def offload(self, request: EngineRequest) -> Transfer:
@@ -221,9 +256,11 @@ class Swapper:
         return t
 
     def admit(self, request: EngineRequest) -> Transfer:
-        """Admit a waiting request (``allocate_slots`` for all its tokens), taking its device
-        prefix hits and then the following blocks found on the host, which are loaded instead
-        of recomputed; ``complete`` sets ``num_computed_tokens`` to the hits."""
+        """Admit a waiting request with its cached prefix: its device prefix hits, then the
+        following full blocks found on the host, loaded (by a launch of the manager) instead
+        of recomputed. Only those positions are allocated; ``complete`` sets
+        ``num_computed_tokens`` to them, and the engine then allocates the rest with
+        ``allocate_slots``. Nothing cached on either tier: ``SwapError``, nothing changed."""
         rid = self._idle(request)
         m, B = self.manager, self.manager.block_size
         hits, hit_tokens, _ = m.get_computed_blocks(request)  # also hashes the request
@@ -235,15 +272,15 @@ class Swapper:
                 break
             found.append(h)
         loaded = nh * B + len(found) * B
-        new = m.allocate_slots(request, request.num_tokens - hit_tokens, hit_tokens,
-                               hits if nh else None)
+        if loaded == 0:
+            raise SwapError(f"{request!r}: no prefix block on the device or the host (admit "
+                            "it with allocate_slots)")
+        new = m.allocate_slots(request, loaded - hit_tokens, hit_tokens, hits if nh else None)
         if new is None:
-            raise OutOfBlocks(-(-request.num_tokens // B) - nh, m.get_num_free_blocks())
+            raise OutOfBlocks(len(found), m.get_num_free_blocks())
         dev = m.get_block_ids(rid)[0][nh: nh + len(found)]
-        hb = self.host.prepare_load(found)  # every hash was looked up above: a hit
-        self._load(hb, dev)
-        m.begin_transfer(request)
-        t = self._inflight[rid] = Transfer("load", request, hb, dev, loaded)
+        hb, launch = self._load_as_launch(request, found, dev)
+        t = self._inflight[rid] = Transfer("load", request, hb, dev, loaded, launch)
         return t
 
     def is_swapped_out(self, request: EngineRequest) -> bool:

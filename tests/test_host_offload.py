@@ -130,7 +130,8 @@ def test_offloaded_prefix_is_a_host_hit_loaded_not_recomputed() -> None:
     m.free(b)
     c = EngineRequest("c", a.all_token_ids + [5, 6, 7, 8])  # same 10-token prefix, 14 tokens
     t = sw.admit(c)
-    assert len(t.host_blocks) == 2
+    assert len(t.host_blocks) == 2 and len(m.get_block_ids("c")[0]) == 2  # the prefix only
+    assert t.launch.query_lens.tolist() == [8]  # one launch writes the loaded positions
     assert all(sw.host.state_of(h) == "LOADING" for h in t.host_blocks)
     sw.complete(t)
     assert c.num_computed_tokens == 8
@@ -139,6 +140,10 @@ def test_offloaded_prefix_is_a_host_hit_loaded_not_recomputed() -> None:
         assert torch.equal(w, g)
     assert all(sw.host.state_of(h) == "STORED" for h in t.host_blocks)
     assert sw.host.check_all() == []
+    assert m.allocate_slots(c, 6) is not None  # the rest, as for a running request
+    assert m.publish([c]).query_lens.tolist() == [6]
+    with pytest.raises(SwapError):  # nothing cached on either tier for this one
+        sw.admit(EngineRequest("d", [77, 78, 79, 80, 81]))
 
 
 def test_offload_twice_stores_nothing_new() -> None:
@@ -233,6 +238,8 @@ def _step(m: KVCacheManager, dev, req: EngineRequest, seed: int) -> None:
 
 
 def test_swapped_in_blocks_become_prefix_hits_only_once_the_load_completed() -> None:
+    """The load is a launch writing the loaded positions: its blocks are hits once it
+    completed (not before), and the request's next launch writes only what follows."""
     m, dev, sw = _setup()
     a = EngineRequest("a", list(range(100, 112)))  # three full blocks
     assert m.allocate_slots(a, a.num_tokens) is not None
@@ -244,19 +251,35 @@ def test_swapped_in_blocks_become_prefix_hits_only_once_the_load_completed() -> 
     probe = list(range(100, 112)) + [1, 2, 3, 4]
     assert m.get_computed_blocks(EngineRequest("p", probe))[1] == 0
     t = sw.swap_in(a)
-    assert len(t.host_blocks) == 3
-    before = m.stats()
-    with pytest.raises(TransferInFlight):  # a launch would be taken as having written it
-        m.publish([a])
-    assert m.stats() == before and m.get_computed_blocks(EngineRequest("q", probe))[1] == 0
+    assert len(t.host_blocks) == 3 and t.launch is not None
+    assert t.launch.query_lens.tolist() == [12] and not t.launch.completed
+    assert m.get_computed_blocks(EngineRequest("q", probe))[1] == 0  # in flight: no hit
     sw.complete(t)
-    a.append_output_token_ids([9])
-    assert m.allocate_slots(a, 1) is not None
-    _step(m, dev, a, 2)  # the next launch of a commits the loaded blocks with its own
+    assert t.launch.completed and a.num_computed_tokens == 12
     hits, n, _ = m.get_computed_blocks(EngineRequest("r", probe))
     assert n == 12 and list(hits.block_ids) == m.get_block_ids("a")[0][:3]
     for w, g in zip(want, _kv_of(dev, list(hits.block_ids), 12), strict=True):
         assert torch.equal(w, g)
+    a.append_output_token_ids([9])
+    assert m.allocate_slots(a, 1) is not None
+    launch = m.publish([a])
+    assert launch.query_lens.tolist() == [1]  # the loaded positions are not written again
+    m.complete(launch)
+
+
+def test_free_during_a_swap_in_waits_for_its_load() -> None:
+    m, dev, sw = _setup()
+    a, _ = _admit(m, dev, "a", 10, 1)
+    sw.complete(sw.swap_out(a))
+    t = sw.swap_in(a)
+    loaded = list(t.device_blocks)
+    sw.free(a)  # the load still writes its blocks: none is handed out before it completes
+    b = EngineRequest("b", list(range(5000, 5000 + (NUM_BLOCKS - 1) * B)))
+    assert m.allocate_slots(b, (NUM_BLOCKS - 1) * B) is None
+    assert all(m.allocator.state(d) != 0 for d in loaded)  # not FREE
+    sw.complete(t)
+    assert m.get_block_ids("a")[0] == [] and sw.host.num_free() == sw.host.num_blocks
+    assert m.allocate_slots(b, (NUM_BLOCKS - 1) * B) is not None
 
 
 def test_manager_free_during_a_swap_out_is_deferred_and_a_launch_is_refused() -> None:

@@ -65,7 +65,7 @@ def test_every_preset_runs_to_completion(preset, tmp_path, capsys):
     pc = rep["prefix_cache"]
     assert 0 <= pc["hits"] <= pc["queries"] and pc["requests"] == 12
     for line in ("allocator (front-door calls only)", "prefix cache: hit rate",
-                 "paged vs contiguous", "admission headroom", "tail waste", "swap: not offered"):
+                 "paged vs contiguous", "admission headroom", "tail waste", "swap: off"):
         assert line in text
 
 
@@ -209,11 +209,14 @@ def test_bad_trace_exits_2_in_a_real_process(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--preset", "chat", "--trace", "t.jsonl"], "not both"),
+    (["--host-blocks", "8"], "--host-blocks sizes the host tier"),
+    (["--preempt", "swap", "--host-blocks", "0"], "--host-blocks must be"),
+    (["--preempt", "swap", "--dtype", "fp8"], "--preempt swap need"),
     (["--requests", "0"], "--requests"),
     (["--num-blocks", "1"], "--num-blocks"),
     (["--block-size", "0"], "--block-size"),
     (["--heads", "3"], "multiple of --kv-heads"),
-    (["--kv", "--dtype", "fp8"], "--kv needs"),
+    (["--kv", "--dtype", "fp8"], "--kv and --preempt swap need"),
     (["--kv-tolerance", "0"], "--kv-tolerance"),
     (["--rate", "-1"], "--rate"),
     (["--length-scale", "nan"], "--length-scale"),
@@ -238,6 +241,78 @@ def test_a_small_pool_preempts_by_recompute_and_recovers():
     assert rep["allocator"]["calls"]["preempt"]["n"] == rep["preemptions"]["recompute"]
     assert min(res.series["admission_headroom"]) == rep["admission_headroom"]["min_blocks"]
     assert rep["paged_vs_contiguous"]["paged_limited_by"] == "the pool"
+
+
+AGENTS = dict(preset="agents", n=12, seed=2, length_scale=0.05, max_len=100)
+TIGHT = dict(num_blocks=40, block_size=4, token_budget=64, max_running=8)
+
+
+def _agents() -> workloads.Workload:
+    a = AGENTS
+    return workloads.preset_workload(a["preset"], a["n"], seed=a["seed"],
+                                     length_scale=a["length_scale"], max_len=a["max_len"])
+
+
+def test_preemption_by_swap_recomputes_nothing_and_the_kv_comes_back():
+    """Side by side on one workload: recompute recomputes tokens; swap copies the victims'
+    KV to the host tier and back, recomputes none, and every attention output still matches
+    dense attention (the pool is NaN-poisoned, its blocks are reused meanwhile)."""
+    by = {mode: sim.simulate(_agents(), sim.SimConfig(**TIGHT, kv=True, preempt=mode)).report
+          for mode in ("recompute", "swap")}
+    rc, sw = by["recompute"], by["swap"]
+    assert rc["preemptions"]["recompute"] > 0 and rc["tokens"]["recomputed"] > 0
+    swap = sw["preemptions"]["swap"]
+    assert sw["preemptions"]["recompute"] == 0 and sw["tokens"]["recomputed"] == 0
+    assert swap["swapped_out"] == swap["swapped_in"] > 0 and swap["tokens_swapped_in"] > 0
+    assert swap["host_blocks"] == 40 and swap["host_full"] == swap["host_lost"] == 0
+    assert sw["finished"] == rc["finished"] == 12
+    assert sw["kv_check"]["passed"], sw["kv_check"]["failures"]
+    calls = sw["allocator"]["calls"]
+    assert calls["swap_out"]["n"] == calls["swap_in"]["n"] == swap["swapped_out"]
+    assert sw["config"]["preempt"] == "swap" and sw["preemptions"]["swap_note"] is None
+
+
+def test_a_swap_in_that_copies_nothing_is_caught_by_the_kv_check(monkeypatch):
+    from pagedkv.engine.offload import Swapper
+
+    monkeypatch.setattr(Swapper, "_load", lambda self, host_blocks, device_blocks: None)
+    rep = sim.simulate(_agents(), sim.SimConfig(**TIGHT, kv=True, preempt="swap")).report
+    assert rep["preemptions"]["swap"]["swapped_in"] > 0
+    assert not rep["kv_check"]["passed"] and rep["kv_check"]["num_failures"] > 0
+
+
+def test_swap_falls_back_to_recompute_when_the_host_tier_cannot_help(monkeypatch):
+    """A host tier smaller than a victim: that one is recomputed. Host copies evicted before
+    the swap-in (planted: the first swap-in finds them gone): forgotten, recomputed."""
+    from pagedkv.engine.offload import SwapError, Swapper
+
+    small = sim.simulate(_agents(), sim.SimConfig(**TIGHT, kv=True, preempt="swap",
+                                                  host_blocks=2)).report
+    assert small["preemptions"]["swap"]["host_full"] > 0
+    assert small["preemptions"]["recompute"] == small["preemptions"]["swap"]["host_full"]
+    assert small["kv_check"]["passed"] and small["finished"] == 12
+
+    real, lost = Swapper.swap_in, []
+
+    def first_one_lost(self, request):
+        if not lost:
+            lost.append(request.request_id)
+            raise SwapError("planted: the host tier evicted its copies")
+        return real(self, request)
+
+    monkeypatch.setattr(Swapper, "swap_in", first_one_lost)
+    rep = sim.simulate(_agents(), sim.SimConfig(**TIGHT, kv=True, preempt="swap")).report
+    swap = rep["preemptions"]["swap"]
+    assert lost and swap["host_lost"] == 1 and swap["swapped_in"] == swap["swapped_out"] - 1
+    assert rep["tokens"]["recomputed"] > 0  # the forgotten one computed its tokens again
+    assert rep["kv_check"]["passed"] and rep["finished"] == 12
+
+
+def test_preempt_swap_on_the_command_line(tmp_path, capsys):
+    rc, rep, text = run(["--preset", "agents", *SMALL, "--num-blocks", "40", "--preempt",
+                         "swap", "--host-blocks", "24"], tmp_path, capsys)
+    assert rc == 0 and rep["preemptions"]["swap"]["host_blocks"] == 24
+    assert "preemption by swap" in text and "swapped out to 24 host blocks" in text
 
 
 def test_series_match_the_allocator_stats():
