@@ -323,12 +323,17 @@ def pick_backend(requested: str) -> tuple[str, str, str]:
     return "kernels", "cuda", f"numba kernels on {torch.cuda.get_device_name(0)}"
 
 
+def kv_torch_dtype(name: str) -> Any:
+    """The torch dtype of a KV dtype name of ``KV_DTYPES``."""
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
 class KVCheck:
     """The KV pool, the writes and attention per step, and the dense comparison."""
 
     def __init__(self, cfg: SimConfig, allocator: Any) -> None:
-        import torch
-
         from pagedkv.kernels import KVCachePool
         from pagedkv.kernels.errors import KernelError
         from pagedkv.kernels.testing import tolerance
@@ -336,8 +341,7 @@ class KVCheck:
         s = cfg.shape
         self.shape = s
         self.backend, self.device, self.description = pick_backend(cfg.kv_backend)
-        self.dtype = {"fp32": torch.float32, "fp16": torch.float16,
-                      "bf16": torch.bfloat16}[s.dtype]
+        self.dtype = kv_torch_dtype(s.dtype)
         try:
             self.pool = KVCachePool(s.layers, cfg.num_blocks, cfg.block_size, s.kv_heads,
                                     s.head_dim, dtype=self.dtype, device=self.device)
@@ -517,8 +521,6 @@ class SwapTier:
 
     def __init__(self, cfg: SimConfig, manager: Any, kv: KVCheck | None,
                  call: Callable[..., Any]) -> None:
-        import torch
-
         from pagedkv.engine.offload import Swapper
         from pagedkv.kernels import KVCachePool
 
@@ -526,10 +528,8 @@ class SwapTier:
             device = kv.pool
         else:
             s = cfg.shape
-            dtype = {"fp32": torch.float32, "fp16": torch.float16,
-                     "bf16": torch.bfloat16}[s.dtype]
             device = KVCachePool(s.layers, cfg.num_blocks, cfg.block_size, s.kv_heads,
-                                 s.head_dim, dtype=dtype, device="cpu")
+                                 s.head_dim, dtype=kv_torch_dtype(s.dtype), device="cpu")
         self.host_blocks = cfg.host_blocks or cfg.num_blocks
         self.swapper = Swapper(manager, device, device.like(self.host_blocks),
                                checked=cfg.checked)
@@ -551,7 +551,7 @@ class SwapTier:
             return False
         try:
             self.call("swap_out", self._out, req)
-        except OutOfBlocks:  # every host block holds a swap-out not yet swapped back in
+        except OutOfBlocks:  # it needs more blocks than the host tier can free
             self.figures["host_full"] += 1
             return False
         self.figures["swapped_out"] += 1

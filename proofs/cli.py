@@ -374,7 +374,8 @@ def render_summary(parts: dict[str, dict]) -> str:
                  else "current: no mutated file changed since")
         lines.append(f"mutation (committed report, commit {m.get('commit', '?')}; {fresh}): "
                      f"kill rate {m['kill_rate']}, {m.get('killed')} killed, "
-                     f"{m.get('equivalent')} equivalent, {m.get('survived')} survived")
+                     f"{m.get('equivalent')} equivalent, {m.get('survived')} survived"
+                     + (f", {m['pending']} not run yet (pending)" if m.get("pending") else ""))
     for name, part in parts.items():
         if part.get("error"):
             lines.append(f"{name}: ERROR {part['error']}")
