@@ -171,3 +171,35 @@ def test_unknown_holders_are_refused_typed(compiled):
     p.release(0, "r")
     p.close_holder("r")
     assert p.state[0] == 0 and p.structure_errors() == []
+
+
+def _stray(name: str, write):
+    """A pool whose ``name`` makes one write its spec's effect does not (just before the
+    check): checked mode's frame check must name it, for transitions without a block too."""
+
+    class Stray(BlockPool):
+        def _verify(self, n, predicted, *args):
+            if n == name:
+                write(self)
+            return super()._verify(n, predicted, *args)
+
+    return Stray
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("name, write, words", [
+    ("open_holder", lambda p: p.clock.__setitem__(0, p.clock[0] + 1), "clock changed"),
+    ("complete", lambda p: p.clock.__setitem__(0, p.clock[0] + 1), "clock changed"),
+    ("advance", lambda p: p.inflight.add(99), "launches in flight changed"),
+    ("allocate", lambda p: p.clock.__setitem__(0, p.clock[0] + 1), "clock changed"),
+])
+def test_a_stray_write_is_caught_by_the_frame_check(compiled, name, write, words):
+    p = _stray(name, write)(3, 1, checked=True)
+    if hasattr(p, "compile_spec"):
+        p.compile_spec = compiled
+    first = next(i for i, (n, _) in enumerate(STEPS) if n == name)
+    for _, call in STEPS[:first]:
+        call(p)
+    with pytest.raises(InvariantViolation, match=f"refines:{name}") as err:
+        STEPS[first][1](p)
+    assert words in str(err.value)
