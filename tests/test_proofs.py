@@ -362,3 +362,18 @@ def test_a_complete_search_must_pass_through_the_scenarios_it_covers():
                                     max_window=1, layer="request", max_tokens=1, hashes=(1,),
                                     max_depth=3))
     assert scenario_failures([bounded]) == []
+
+
+def _end_write_without_pending_check(ops, s, b):
+    # end_write's "wpend > 0" dropped, on a published block: a write ends that never began
+    return ops.And(b >= 0, b < s.num_blocks, s.state[b] == PUBLISHED)
+
+
+def test_ending_a_write_that_never_began_breaks_no_write_when_free():
+    """Only ``no_write_when_free``'s ``wpend >= 0`` says pending writes never go negative
+    (its other conjunct covers FREE and ALLOCATED blocks, not a published one)."""
+    trans = _weaken("end_write", _end_write_without_pending_check)
+    for mode in ("bounded", "symbolic"):
+        obs = induction_matrix(mode, trans, only={"transitions": ["end_write"]})
+        cx = {o.invariant for o in obs if o.result == COUNTEREXAMPLE}
+        assert "no_write_when_free" in cx, (mode, cx)
