@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from pagedkv.spec.explain import failed_conditions
+from pagedkv.spec.explain import refusal_detail
 from pagedkv.spec.host import (
     HOST_ARRAY_FIELDS,
     HOST_BLOCK_FIELDS,
@@ -206,10 +206,8 @@ class HostPool:
         for name, params in plan:
             t: HostTransition = HOST_TRANSITIONS[name]
             if not CONCRETE.is_true(t.guard(CONCRETE, s, **params)):
-                why = failed_conditions(t.guard, s, vocab=HOST_WORDS, **params)
-                args = ", ".join(f"{k}={v!r}" for k, v in params.items())
-                raise _GUARD_ERRORS[name](name, "; ".join(why or ["its guard does not hold"])
-                                          + f" ({name}({args}))")
+                raise _GUARD_ERRORS[name](name, refusal_detail(t.guard, s, name, params,
+                                                               HOST_WORDS))
             s = t.effect(CONCRETE, s, **params)
         touched = self._commit(s)
         if self.trace is not None:

@@ -33,7 +33,7 @@ from pagedkv.spec import (
     PoolState,
     Transition,
 )
-from pagedkv.spec.explain import failed_conditions
+from pagedkv.spec.explain import refusal_detail
 
 from .compiled import (
     batch_agrees,
@@ -514,9 +514,7 @@ class BlockPool(PoolStorage):
 
     def _describe(self, t: Any, params: dict[str, Any]) -> str:
         """The guard's failed conditions in words, then the call's arguments."""
-        failed = failed_conditions(t.guard, self.view, **params) or ["its guard does not hold"]
-        args = ", ".join(f"{k}={v!r}" for k, v in params.items())
-        return "; ".join(failed) + f" ({t.name}({args}))"
+        return refusal_detail(t.guard, self.view, t.name, params)
 
     def check_block_id(self, b: object) -> int:
         """A block id of this pool (a Python or NumPy integer, not a bool) as a Python int."""

@@ -239,6 +239,14 @@ def failed_conditions(guard: Callable[..., Any], s: Any, vocab: Vocabulary = POO
     return out
 
 
+def refusal_detail(guard: Callable[..., Any], s: Any, name: str, params: dict[str, Any],
+                   vocab: Vocabulary = POOL_WORDS) -> str:
+    """A refused step's failed conditions in words, then the step with its arguments."""
+    failed = failed_conditions(guard, s, vocab=vocab, **params) or ["its guard does not hold"]
+    args = ", ".join(f"{k}={v!r}" for k, v in params.items())
+    return "; ".join(failed) + f" ({name}({args}))"
+
+
 def explain_refusal(transition: Any, s: Any, **params: Any) -> str:
     """One sentence: which conditions of the transition's guard failed."""
     failed = failed_conditions(transition.guard, s, **params)
