@@ -27,7 +27,7 @@ from pathlib import Path
 from pagedkv.spec import INVARIANTS, REQUEST_INVARIANTS, spec_digest
 from pagedkv.spec.host_invariants import HOST_INVARIANTS
 
-FULL_STEPS = 100_000
+FULL_STEPS = 80_000
 QUICK_STEPS = 8_000
 HOST_STEPS = 10_000  # the host tier's campaign (``proofs.host_refinement``)
 QUICK_HOST_STEPS = 2_000

@@ -231,8 +231,8 @@ def run_all(
                               layer="request", max_tokens=3, hashes=(1,), max_depth=7),
             ]
         else:
-            explore_cfgs = [
-                ExploreConfig(blocks=3, holders=2, block_size=1, max_inflight=1, max_window=2,
+            explore_cfgs = [  # out-of-order completions: the request layer's first search
+                ExploreConfig(blocks=3, holders=2, block_size=1, max_inflight=1, max_window=1,
                               layer="pool"),
                 *COMPLETE_REQUEST_SEARCHES,
             ]

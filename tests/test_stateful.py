@@ -1,5 +1,5 @@
 """Run the refinement state machine. Budget per profile (HYPOTHESIS_PROFILE):
-ci ≈ 5·10⁴ steps, derandomized (`pagedkv verify` runs a further 10⁵-step campaign); dev a
+ci ≈ 3·10⁴ steps, derandomized (`pagedkv verify` runs a further 8·10⁴-step campaign); dev a
 quick run; deep a long one."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import settings
 
 from pagedkv.proofs.refinement import AllocatorMachine
 
-BUDGETS = {"ci": (1000, 50), "dev": (200, 40), "deep": (20000, 80), "mutation": (300, 40)}
+BUDGETS = {"ci": (600, 50), "dev": (200, 40), "deep": (20000, 80), "mutation": (300, 40)}
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
 EXAMPLES, STEPS = BUDGETS.get(PROFILE, BUDGETS["dev"])
 
