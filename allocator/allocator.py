@@ -29,13 +29,16 @@ from pagedkv.spec import (
     RequestState,
     Transition,
     slots_written,
+    takeable,
     violations,
 )
+from pagedkv.spec import requests as spec_requests
 from pagedkv.spec.calls import CALLS, CallRefused, CallRun
 from pagedkv.spec.explain import failed_conditions
 from pagedkv.spec.requests import initial_request_state
 from pagedkv.spec.states import ALLOCATED
 
+from .compiled import position_rule
 from .errors import (
     AllocatorError,
     CommitError,
@@ -284,17 +287,11 @@ class BlockAllocator:
         return h
 
     def _hits(self, req: _Request) -> list[int]:
-        """Cached blocks for the request's leading full prompt blocks (spec: share-able)."""
+        """The cached blocks an empty table takes (spec: ``leading_hits``, by ``may_hit``)."""
         if not self.prefix_caching:
             return []
-        max_tokens = len(req.tokens) - 1  # the last known token must be computed for logits
-        out: list[int] = []
-        for i in range(max(0, max_tokens) // self.block_size):
-            b = self.pool.lookup(req.hashes[i])
-            if b is None:
-                break
-            out.append(b)
-        return out
+        return spec_requests.leading_hits(req.hashes, len(req.tokens), self.block_size,
+                                          self.pool.lookup)
 
     def _check_new_rid(self, rid: Hashable) -> None:
         try:
@@ -322,9 +319,8 @@ class BlockAllocator:
             return []
         state, retire = pool.state, pool.retire
         watermark = pool.clock[WATERMARK]
-        available = pool.usable() - sum(
-            1 for b in hits if state[b] == CACHED and retire[b] <= watermark
-        )
+        is_takeable = pool.predicate(takeable, ("b",))
+        available = pool.usable() - sum(1 for b in hits if is_takeable(b))  # revived, not taken
         if need <= available:
             return []
         done = [launch for launch in self._inflight.values() if launch.event_done()]
@@ -524,26 +520,25 @@ class BlockAllocator:
         rid, B = req.rid, self.block_size
         if num_tokens < req.computed:
             raise CommitError(f"{rid!r} already committed {req.computed} positions")
-        if num_tokens > req.issued:
+        if num_tokens == req.computed:
+            return num_tokens
+        bounds = position_rule(spec_requests.commit_bounds, ("new", "issued", "known"))
+        issued_ok, known_ok = bounds(B, num_tokens, req.issued, len(req.tokens))
+        if not issued_ok:
             raise CommitError(
                 f"cannot commit {num_tokens} positions of {rid!r}: launches were issued for "
                 f"{req.issued} (allocated {req.reserved})"
             )
-        if num_tokens > len(req.tokens):
+        if not known_ok:
             raise TokensUnknown(
                 f"cannot commit {num_tokens} positions of {rid!r}: only {len(req.tokens)} "
                 f"token ids are known (append_tokens first)"
             )
-        if num_tokens == req.computed:
-            return num_tokens
-        state = self.pool.state
         if written is None:
             written = self.pool.predicate(slots_written, ("b", "k"))
-        # The blocks holding positions computed..num_tokens-1.
+        # The blocks holding positions computed..num_tokens-1, each written up to its part.
         for i in range(req.computed // B, -(-num_tokens // B)):
             b = req.table[i]
-            if state[b] == REFERENCED:
-                continue
             if not written(b, min(B, num_tokens - i * B)):
                 raise CommitError(
                     f"block {b} (entry {i} of {rid!r}) has a writing launch still pending"

@@ -673,3 +673,50 @@ def effect_agrees(t: Any, code: Any) -> bool:
         ok = False
     _PROBE_CHECKED[key] = ok
     return ok
+
+
+# --- the request layer's position rules, over a runtime's counts ------------------------------
+_RULES: dict[Any, Any] = {}
+_RULE_CHECK_SIZES = (1, 3)  # block sizes on which a compiled rule must equal the spec's
+
+
+def position_rule(fn: Any, params: tuple[str, ...]) -> Any:
+    """A rule over positions (``fn(ops, *positions)``, each a (blocks, offset) pair, returning
+    a list of conditions; such as ``spec.requests.commit_bounds``) as a function of a block
+    size and the positions' counts: ``f(B, *counts) -> tuple of bools``. The spec's own terms,
+    compiled, and checked against the interpreted rule on every count up to two blocks and one
+    position at block sizes 1 and 3; if it differs anywhere (or cannot be compiled), the
+    interpreted rule runs instead. Cached per function: a replaced one is compiled anew."""
+    f = _RULES.get((fn, params))
+    if f is None:
+        f = _compile_rule(fn, params) or _interpreted_rule(fn)
+        _RULES[fn, params] = f
+    return f
+
+
+def _interpreted_rule(fn: Any) -> Any:
+    def rule(B: int, *counts: int) -> tuple[bool, ...]:
+        return tuple(bool(c) for c in fn(CONCRETE, *(divmod(n, B) for n in counts)))
+
+    return rule
+
+
+def _compile_rule(fn: Any, params: tuple[str, ...]) -> Any:
+    import itertools
+
+    try:
+        terms = fn(_SymOps, *((_Sym(f"{p}_q"), _Sym(f"{p}_o")) for p in params))
+        body = ", ".join(_truth(t) for t in terms)
+    except (_Unsupported, TypeError, AttributeError):
+        return None
+    lines = [f"def rule(B, {', '.join(params)}):"]
+    lines += [f"    {p}_q, {p}_o = divmod({p}, B)" for p in params]
+    lines.append(f"    return ({body},)")
+    namespace: dict[str, Any] = {}
+    exec(compile("\n".join(lines), f"<spec {fn.__name__}, compiled>", "exec"), namespace)
+    compiled, interpreted = namespace["rule"], _interpreted_rule(fn)
+    for B in _RULE_CHECK_SIZES:
+        for counts in itertools.product(range(2 * B + 2), repeat=len(params)):
+            if tuple(map(bool, compiled(B, *counts))) != interpreted(B, *counts):
+                return None
+    return compiled

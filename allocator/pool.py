@@ -32,6 +32,7 @@ from pagedkv.spec import (
     Overlay,
     PoolState,
     Transition,
+    takeable,
 )
 from pagedkv.spec.explain import refusal_detail
 
@@ -741,7 +742,8 @@ class BlockPool(PoolStorage):
         return self.retire[b] > self.clock[WATERMARK]
 
     def usable(self) -> int:
-        """Blocks an allocation can take now: FREE ones and CACHED ones that are not busy."""
+        """Blocks an allocation can take now: FREE ones and CACHED ones that are not busy
+        (the spec's ``takeable``; ``structure_errors`` checks the count against it)."""
         return self.count[FREE] + self.count[CACHED] - self.cached_busy
 
     def waiting(self) -> int:
@@ -822,6 +824,11 @@ class BlockPool(PoolStorage):
                    if self.state[b] == CACHED and self.retire[b] > watermark)
         if busy != self.cached_busy:
             errors.append(("conservation", f"cached_busy {self.cached_busy} != {busy}"))
+        is_takeable = self.predicate(takeable, ("b",))
+        takeable_now = sum(1 for b in range(self.num_blocks) if is_takeable(b))
+        if takeable_now != self.usable():  # what allocations plan with: the spec's rule
+            errors.append(("conservation", f"usable() {self.usable()} != {takeable_now}, the "
+                                           "blocks the spec's takeable holds for"))
         stamps = [stamp for stamp, _ in self.retire_queue]
         if stamps != sorted(stamps) or (stamps and stamps[0] <= watermark):
             errors.append(("reused_after_its_readers",

@@ -89,7 +89,8 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from pagedkv.allocator import BlockAllocator, Launch, LaunchAlreadyCompleted, OutOfBlocks
-from pagedkv.spec import CACHED, PUBLISHED, REFERENCED
+from pagedkv.spec import PUBLISHED, REFERENCED, takeable
+from pagedkv.spec import requests as spec_requests
 from pagedkv.spec.states import ALLOCATED
 
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -311,15 +312,8 @@ class KVCacheManager:
         """The blocks the allocator's first ``allocate`` would take as prefix hits now."""
         if not self.enable_caching:
             return []
-        hs = self._hashes(req)
-        hmap = self._pool.hmap
-        out: list[int] = []
-        for i in range(min(max(0, req.num_tokens - 1) // self.block_size, len(hs))):
-            b = hmap.get(hs[i])
-            if b is None:
-                break
-            out.append(b)
-        return out
+        return spec_requests.leading_hits(self._hashes(req), req.num_tokens, self.block_size,
+                                          self._pool.hmap.get)
 
     # ---- launches and completion --------------------------------------------------------
     def _sweep(self) -> None:
@@ -635,8 +629,11 @@ class KVCacheManager:
                 self._commit_ready((entry,))  # (commits reserve nothing)
             table_len = _cdiv(reserved, B)
             target = max(n + num_new_tokens + num_lookahead_tokens, reserved)
-        state = pool.state
-        idle_hits = sum(1 for b in hits if state[b] == CACHED and not pool.busy(b)) if hits else 0
+        if hits:  # cached hits an allocation could take: revived instead
+            is_takeable = pool.predicate(takeable, ("b",))
+            idle_hits = sum(1 for b in hits if is_takeable(b))
+        else:
+            idle_hits = 0
         watermark = 0
         if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
                                                      RequestStatus.PREEMPTED):

@@ -21,7 +21,7 @@ from .states import (
     BlockState,
     state_name,
 )
-from .transitions import PARAM_KINDS, TRANSITIONS, Transition, slots_written
+from .transitions import PARAM_KINDS, TRANSITIONS, Transition, slots_written, takeable
 
 __all__ = [
     "ALL_STATES", "ALLOCATED", "Arr", "BLOCK_FIELDS", "BlockState", "CACHED", "CONCRETE",
@@ -33,5 +33,6 @@ __all__ = [
     "request_step", "request_violations", "Transition", "Z3Ops", "flatten", "initial_state",
     "launch_ids", "live_instances",
     "slots_written",
+    "takeable",
     "spec_digest", "state_name", "states_equal", "step", "violations",
 ]

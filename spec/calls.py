@@ -30,16 +30,14 @@ from .ops import CONCRETE
 from .requests import REQUEST_TRANSITIONS, RequestState, count, table_of
 from .states import (
     ALLOCATED,
-    CACHED,
     FREE,
     ISSUED,
     NO_BLOCK,
     NO_HASH,
     PUBLISHED,
     RECLAIMED,
-    WATERMARK,
 )
-from .transitions import TRANSITIONS
+from .transitions import TRANSITIONS, takeable
 
 
 class CallRefused(Exception):
@@ -58,17 +56,16 @@ class Chooser(Protocol):
 
 
 class FirstFit:
-    """The spec's own choice: the lowest FREE block, else the lowest idle CACHED one (its
-    retire clock at or below the watermark), evicted and recycled first."""
+    """The spec's own choice among the ``takeable`` blocks: the lowest FREE one, else the
+    lowest (idle) CACHED one, evicted and recycled first."""
 
     def take(self, s: RequestState) -> tuple[list[int], int] | None:
         P = s.pool
-        free = [b for b in P.block_ids if P.state[b] == FREE]
+        ok = [b for b in P.block_ids if takeable(CONCRETE, P, b)]
+        free = [b for b in ok if P.state[b] == FREE]
         if free:
             return [], free[0]
-        idle = [b for b in P.block_ids
-                if P.state[b] == CACHED and P.retire[b] <= P.clock[WATERMARK]]
-        return ([idle[0]], idle[0]) if idle else None
+        return ([ok[0]], ok[0]) if ok else None
 
 
 first_fit = FirstFit()
@@ -206,7 +203,8 @@ def _settle(run: CallRun) -> None:
 
 
 def take_hits(run: CallRun, r: Hashable) -> int:
-    """Admission: while the cache holds the block under r's next chain value, share it."""
+    """Admission: while the cache holds the block under r's next chain value, share it (a
+    runtime finds these blocks with ``spec.requests.leading_hits``)."""
     n = 0
     while run.prefix_caching:
         s = run.state

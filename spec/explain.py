@@ -161,14 +161,14 @@ class _Words:
         if names[:2] != ["ops", "s"] or len(node.args) != len(names):
             return None
         inner = {n: self.value(a) for n, a in zip(names[2:], node.args[2:], strict=True)}
+        state = self.value(node.args[1])  # the state it reads: s, or s.pool in a table's plan
         if not negated:
-            return "; ".join(failed_conditions(fn, self.env["s"], vocab=self.vocab, **inner)
-                             ) or None
+            return "; ".join(failed_conditions(fn, state, vocab=self.vocab, **inner)) or None
         found = _conjuncts(fn)
         if not found or len(found[0][1]) != 1:  # "not (a and b)" has no single reason
             return None
         prelude, [part] = found[0]
-        env, local_defs = _prelude_env(fn, prelude, self.env["s"], inner)
+        env, local_defs = _prelude_env(fn, prelude, state, inner)
         return _Words(env, inner, local_defs, self.vocab).say(part, negated=True)
 
     def say(self, node: ast.expr, negated: bool = False) -> str:
@@ -274,10 +274,20 @@ class _TableWords(_Words):
     reads through ``s.pool`` (or a local bound to it) with the pool's glossary."""
 
     def __init__(self, env: dict[str, Any], params: dict[str, Any],
-                 local_defs: dict[str, ast.expr]) -> None:
+                 local_defs: dict[str, ast.expr], arg_terms: dict[str, str] | None = None
+                 ) -> None:
         super().__init__(env, params, local_defs)
         self.block_size = int(env["s"].pool.block_size)
         env["_pool_s"] = env["s"].pool
+        self.arg_terms = arg_terms or {}  # a helper's parameters, as its caller said them
+
+    def arg_words(self, fn: Callable[..., Any], args: list[ast.expr]
+                  ) -> tuple[dict[str, Any], dict[str, str]]:
+        """A call's arguments by fn's parameter names (``ops`` left out): values and words."""
+        names = list(inspect.signature(fn).parameters)
+        pairs = [(n, a) for n, a in zip(names, args, strict=False) if n != "ops"]
+        return ({n: self.value(a) for n, a in pairs},
+                {n: self.term(a) for n, a in pairs if n != "s"})
 
     def _pool_read(self, node: ast.expr) -> ast.expr | None:
         """``s.pool.f[k]`` or ``P.f[k]`` (P = s.pool) rewritten as a pool read ``s.f[k]``."""
@@ -308,6 +318,8 @@ class _TableWords(_Words):
         return None
 
     def term(self, node: ast.expr) -> str:
+        if isinstance(node, ast.Name) and node.id in self.arg_terms:
+            return self.arg_terms[node.id]
         if isinstance(node, ast.Name) and node.id in self.local_defs:
             n = self._count(node)
             if n is not None:
@@ -342,6 +354,23 @@ class _TableWords(_Words):
             return f"{node.id} ({self.env[node.id]})"
         return super().term(node)
 
+    def _position_rule(self, node: ast.Call, negated: bool) -> str | None:
+        """A call of a rule over positions, ``rule(ops, x, ...)`` (no state: such as
+        ``spec.requests.may_hit``), said as its own failed conditions."""
+        fn = self.env.get(node.func.id)  # type: ignore[attr-defined]
+        if not inspect.isfunction(fn) or negated:
+            return None
+        names = list(inspect.signature(fn).parameters)
+        if names[:1] != ["ops"] or "s" in names or len(node.args) != len(names):
+            return None
+        inner, terms = self.arg_words(fn, node.args)
+        out = []
+        for prelude, parts in _conjuncts(fn):
+            env, local_defs = _prelude_env(fn, prelude, self.env["s"], inner)
+            words = _TableWords(env, inner, local_defs, terms)
+            out += [words.say(part) for part in parts if not words.value(part)]
+        return "; ".join(out) or None
+
     def say(self, node: ast.expr, negated: bool = False) -> str:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             fn = node.func.id
@@ -353,6 +382,9 @@ class _TableWords(_Words):
             if fn == "_alive" and len(node.args) == 2:
                 r = self.value(node.args[1])
                 return f"request {r!r} must {'not ' if negated else ''}be open"
+            rule = self._position_rule(node, negated)
+            if rule is not None:
+                return rule
         pool_read = self._pool_read(node)
         if pool_read is not None:
             words = _Words(dict(self.env, s=self.env["_pool_s"]), self.params, {})
@@ -387,21 +419,21 @@ def _plan_conditions(fn: Callable[..., Any]
     return [], []
 
 
-def failed_table_conditions(plan: Callable[..., Any], s: Any, **params: Any) -> list[str]:
+def failed_table_conditions(plan: Callable[..., Any], s: Any,
+                            arg_terms: dict[str, str] | None = None, **params: Any
+                            ) -> list[str]:
     """The table conditions of a request transition's plan (or of a helper returning a list
     of them) that are false on concrete state ``s``, in words; its pool steps' guards are
-    ``failed_conditions``'s."""
+    ``failed_conditions``'s. ``arg_terms``: a helper's parameters, as its caller said them."""
     prelude, conds = _plan_conditions(plan)
     env, local_defs = _prelude_env(plan, prelude, s, params)
-    words = _TableWords(env, params, local_defs)
+    words = _TableWords(env, params, local_defs, arg_terms)
     out: list[str] = []
     for node, helper in conds:
         if helper is not None:
             assert isinstance(node, ast.Starred) and isinstance(node.value, ast.Call)
-            args = [words.value(a) for a in node.value.args]
-            hparams = dict(zip(inspect.signature(helper).parameters, args, strict=False))
-            hparams.pop("ops", None)
-            out += failed_table_conditions(helper, hparams.pop("s"), **hparams)
+            hparams, terms = words.arg_words(helper, node.value.args)
+            out += failed_table_conditions(helper, hparams.pop("s", s), terms, **hparams)
             continue
         try:
             holds = bool(words.value(node))

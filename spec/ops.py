@@ -112,11 +112,11 @@ class ConcreteOps:
 
     @staticmethod
     def And(*args: Any) -> bool:
-        return all(bool(a) for a in args)
+        return all(args)
 
     @staticmethod
     def Or(*args: Any) -> bool:
-        return any(bool(a) for a in args)
+        return any(args)
 
     @staticmethod
     def Not(a: Any) -> bool:

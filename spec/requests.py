@@ -35,7 +35,7 @@ from .model import ARRAY_FIELDS as POOL_FIELDS
 from .model import PoolState
 from .ops import CONCRETE, Arr, flatten
 from .states import ALLOCATED, ISSUED, NO_HASH, PUBLISHED, REFERENCED
-from .transitions import PARAM_KINDS, TRANSITIONS
+from .transitions import PARAM_KINDS, TRANSITIONS, slots_written
 
 NO_SLOT = -1
 POSITIONS = ("reserved", "issued", "computed", "known")
@@ -151,6 +151,41 @@ def _set2(ops: Any, arr: Any, k1: Any, k2: Any, value: Any) -> Any:
 def _set_pos(ops: Any, s: RequestState, name: str, r: Any, p: tuple[Any, Any]) -> dict[str, Any]:
     return {f"{name}_q": _set(ops, getattr(s, f"{name}_q"), r, p[0]),
             f"{name}_o": _set(ops, getattr(s, f"{name}_o"), r, p[1])}
+
+
+# --- position rules the runtime evaluates too (concretely, on its counts as pairs) ------------
+def may_hit(ops: Any, i: Any, known: tuple[Any, Any]) -> Any:
+    """Entry i of a table may be taken from the prefix cache: its tokens are known, and at
+    least one known token follows it (the last known token is always computed: its logits)."""
+    return pos_le(ops, (i + 1, 1), known)
+
+
+def commit_bounds(ops: Any, new: tuple[Any, Any], issued: tuple[Any, Any],
+                  known: tuple[Any, Any]) -> list[Any]:
+    """Committing up to position ``new`` needs [launches were issued to write every position
+    below it, the token ids of every position below it are known]."""
+    return [pos_le(ops, new, issued), pos_le(ops, new, known)]
+
+
+def leading_hits(chain: Sequence[int], known: int, B: int,
+                 lookup: Callable[[int], Any | None], start: int = 0) -> list[Any]:
+    """Concrete, for runtimes: what ``lookup`` (a chain value -> a cached block, or None)
+    finds for a table's entries ``start``, ``start + 1``, ..., while each entry may be a hit
+    (``may_hit``, on ``known`` token ids) and is found. ``chain``: the request's chain values
+    of its full blocks. ``spec.calls.take_hits`` takes these blocks on an empty table."""
+    known_pos = divmod(known, B)
+    # may_hit holds for a prefix of the entries (its bound grows with i): find where it ends
+    # from the top, where at most the last full block is not a hit.
+    limit = len(chain)
+    while limit > start and not may_hit(CONCRETE, limit - 1, known_pos):
+        limit -= 1
+    out: list[Any] = []
+    for i in range(start, limit):
+        found = lookup(chain[i])
+        if found is None:
+            break
+        out.append(found)
+    return out
 
 
 # --- composing pool transitions ---------------------------------------------------------------
@@ -284,8 +319,7 @@ def _hit(ops: Any, s: RequestState, r: Any, b: Any) -> Plan:
         pos_eq(ops, s.position("reserved", r), at_boundary),
         pos_eq(ops, s.position("issued", r), at_boundary),
         pos_eq(ops, s.position("computed", r), at_boundary),
-        # the hit's tokens are known, and at least one known token after it is computed
-        pos_le(ops, (i + 1, 1), s.position("known", r)),
+        may_hit(ops, i, s.position("known", r)),
         h != NO_HASH,
         s.pool.hmap[h] == b,
     ]
@@ -374,9 +408,8 @@ def _commit_pos(ops: Any, s: RequestState, r: Any, k: Any) -> Plan:
     new = end_of(ops, cq, k, P.block_size)
     conds = [
         _alive(s, r), cq < s.tlen[r], k > co, k <= P.block_size,
-        pos_le(ops, new, s.position("issued", r)),
-        pos_le(ops, new, s.position("known", r)),
-        P.filled[e] >= k, P.wpend[e] == 0,
+        *commit_bounds(ops, new, s.position("issued", r), s.position("known", r)),
+        slots_written(ops, P, e, k),
     ]
     return conds, [], lambda pool: s.replace(pool=pool, **_positions(ops, s, r, computed=new))
 

@@ -306,6 +306,13 @@ def slots_written(ops: Any, s: PoolState, b: Any, k: Any) -> Any:
     return ops.And(s.filled[b] >= k, s.wpend[b] == 0)
 
 
+def takeable(ops: Any, s: PoolState, b: Any) -> Any:
+    """An allocation may take b now: FREE, or CACHED and evicted then recycled first; either
+    way no launch that may read it is in flight (its retire clock is past the watermark)."""
+    return ops.And(ops.Or(s.state[b] == FREE, s.state[b] == CACHED),
+                   s.retire[b] <= s.clock[WATERMARK])
+
+
 TRANSITIONS: dict[str, Transition] = {
     t.name: t
     for t in (

@@ -10,7 +10,7 @@ import pytest
 
 from pagedkv.allocator import BlockAllocator, DoubleFree, InvariantViolation, PublishError
 from pagedkv.allocator.pool import BlockPool
-from pagedkv.spec import CACHED, RECLAIMED, TRANSITIONS, WATERMARK
+from pagedkv.spec import CACHED, FREE, RECLAIMED, TRANSITIONS, WATERMARK
 
 STEPS = [
     ("open_holder", lambda p: p.open_holder("r")),
@@ -203,3 +203,24 @@ def test_a_stray_write_is_caught_by_the_frame_check(compiled, name, write, words
     with pytest.raises(InvariantViolation, match=f"refines:{name}") as err:
         STEPS[first][1](p)
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_write_that_ends_after_its_launch_completed_recycles_the_block(checked):
+    """The pool's API lets a write end after the launch completed and the watermark passed
+    the block's retire clock (the spec ties no write to a launch): the block, let go
+    meanwhile, is recycled by that ``end_write``, not left RECLAIMED and reusable."""
+    p = BlockPool(2, 4, checked=checked)
+    p.open_holder("r")
+    p.allocate(0, "r")
+    p.publish(0, "r")
+    p.launch(0)
+    p.begin_write(0, "r", 4)
+    p.release(0, "r")  # retired while launch 0 is in flight
+    p.complete(0)
+    p.advance()
+    assert p.state[0] == RECLAIMED and p.retire[0] <= p.clock[WATERMARK]  # waits for the write
+    p.end_write(0)
+    assert p.state[0] == FREE
+    assert p.structure_errors() == []
+    assert p.usable() == 2

@@ -104,7 +104,8 @@ def test_spec_evaluates_on_z3_terms():
 # and ``run_steps``, whose one conditional tests a Python constant (``when is True``: a step
 # that always runs), not a term.
 _CONCRETE_HELPERS = {"count", "table_of", "request_state", "tables", "summary",
-                     "initial_request_state", "request_step", "run_steps", "_passthrough"}
+                     "initial_request_state", "request_step", "run_steps", "_passthrough",
+                     "leading_hits"}
 
 
 def _request_functions():
