@@ -218,6 +218,9 @@ EQUIVALENT: dict[str, str] = {
     **{f"allocator/pool.py:begin_write:{op}:if type(w) is not int or not 0 <= w <= "
        f"self.block_size: -> if type(w) is not int or not {new} self.block_size:": _FAST_COUNT
        for op, new in (("int+1", "1 <= w <="), ("cmp", "0 < w <="), ("cmp", "0 <= w <"))},
+    **{f"allocator/pool.py:{fn}:{op}:if type(L) is not int or L < 0: -> if type(L) is not int "
+       f"or {new}:": _FAST_COUNT
+       for fn in ("launch", "complete") for op, new in (("cmp", "L <= 0"), ("int+1", "L < 1"))},
     **{f"allocator/pool.py:commit:{op}:if type(h) is not int or not 0 <= h <= MAX_HASH: -> "
        f"if type(h) is not int or not {new} MAX_HASH:": _FAST_COUNT
        for op, new in (("int+1", "1 <= h <="), ("cmp", "0 < h <="), ("cmp", "0 <= h <"))},
@@ -547,6 +550,7 @@ BUG_TESTS = (
     "tests/test_proofs.py::test_run_all_reports_failures_and_is_json",
     "tests/test_proofs.py::test_bmc_finds_double_free",
     "tests/test_proofs.py::test_counterexample_uses_spec_vocabulary",
+    "tests/test_proofs.py::test_ending_a_write_that_never_began_breaks_no_write_when_free",
     "tests/test_allocator_guard_mutations.py::test_weakened_guard_is_caught",
 )
 
