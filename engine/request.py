@@ -30,6 +30,14 @@ def _as_token(t: Any) -> int:
     return int(t.__index__())
 
 
+def _as_tokens(ts: Iterable[Any]) -> list[int]:
+    """Token ids as a new list of plain ints (``_as_token`` of each; a list of plain ints is
+    copied as is)."""
+    if isinstance(ts, list | tuple) and set(map(type, ts)) <= {int}:
+        return list(ts)
+    return [_as_token(t) for t in ts]
+
+
 class EngineRequest:
     """One request: its prompt, the tokens sampled so far, its cache salt and extra hash keys.
 
@@ -76,9 +84,9 @@ class EngineRequest:
             raise TypeError("lora_name must be a str or None")
         self.request_id = request_id
         # One list holds prompt and output: the prompt is its first _num_prompt tokens.
-        self._all: list[int] = [_as_token(t) for t in prompt_token_ids]
+        self._all: list[int] = _as_tokens(prompt_token_ids)
         self._num_prompt = len(self._all)
-        self._all.extend(_as_token(t) for t in output_token_ids)
+        self._all += _as_tokens(output_token_ids)
         self.cache_salt = cache_salt
         self.extra_keys: tuple[str | int | bytes, ...] = tuple(extra_keys)
         self.lora_name = lora_name

@@ -608,3 +608,21 @@ def test_a_request_keeps_its_tokens_once_and_hands_out_copies() -> None:
     assert r.all_token_ids == [3, 1, 4, 1, 5, 9, 2, 6]
     with pytest.raises(AttributeError):
         r.prompt_token_ids = [1]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("tokens", [[1, True, 3], (1, 2.0), [1, "2"], [1, None]])
+def test_engine_request_refuses_token_ids_that_are_not_ints(tokens):
+    with pytest.raises(TypeError, match="token ids must be ints"):
+        EngineRequest("r", tokens)
+    with pytest.raises(TypeError, match="token ids must be ints"):
+        EngineRequest("r", [1, 2], output_token_ids=tokens)
+
+
+def test_engine_request_keeps_its_own_copy_of_plain_and_numpy_token_ids():
+    import numpy as np
+
+    prompt = [5, 6, 7]
+    r = EngineRequest("r", prompt, output_token_ids=np.array([8, 9], dtype=np.int64))
+    prompt.append(99)  # the caller's list is not the request's
+    assert r.all_token_ids == [5, 6, 7, 8, 9] and r.num_prompt_tokens == 3
+    assert all(type(t) is int for t in r.all_token_ids)
