@@ -224,3 +224,17 @@ def test_a_write_that_ends_after_its_launch_completed_recycles_the_block(checked
     assert p.state[0] == FREE
     assert p.structure_errors() == []
     assert p.usable() == 2
+
+
+def test_advance_watermark_says_how_far_it_advanced():
+    p = BlockPool(2, 4)
+    for L in range(3):
+        p.launch(L)
+    assert p.advance_watermark() == 0  # launch 0 is in flight: the watermark stays
+    p.complete(1)
+    assert p.advance_watermark() == 0  # out of order: 1 completed, 0 not yet
+    p.complete(0)
+    assert p.advance_watermark() == 2 and p.clock[WATERMARK] == 2
+    assert p.advance_watermark() == 0
+    p.complete(2)
+    assert p.advance_watermark() == 1 and p.clock[WATERMARK] == 3
