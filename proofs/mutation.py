@@ -218,6 +218,9 @@ EQUIVALENT: dict[str, str] = {
     **{f"allocator/pool.py:begin_write:{op}:if type(w) is not int or not 0 <= w <= "
        f"self.block_size: -> if type(w) is not int or not {new} self.block_size:": _FAST_COUNT
        for op, new in (("int+1", "1 <= w <="), ("cmp", "0 < w <="), ("cmp", "0 <= w <"))},
+    **{f"allocator/pool.py:rewind:{op}:if type(k) is not int or not 0 <= k <= "
+       f"self.block_size: -> if type(k) is not int or not {new} self.block_size:": _FAST_COUNT
+       for op, new in (("int+1", "1 <= k <="), ("cmp", "0 < k <="), ("cmp", "0 <= k <"))},
     **{f"allocator/pool.py:{fn}:{op}:if type(L) is not int or L < 0: -> if type(L) is not int "
        f"or {new}:": _FAST_COUNT
        for fn in ("launch", "complete") for op, new in (("cmp", "L <= 0"), ("int+1", "L < 1"))},

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from pagedkv.allocator import BlockAllocator, GuardViolation
+from pagedkv.allocator import BlockAllocator, GuardViolation, InvalidArgument
 
 
 def _written(num_slots: int = 3) -> tuple[BlockAllocator, int]:
@@ -59,3 +60,25 @@ def test_truncate_returns_a_copy_of_the_table():
     out.append(99)  # the caller's list, not the allocator's table
     assert a.block_table("r") == out[:2]
     a.check_invariants()
+
+
+@pytest.mark.parametrize("b", [-1, 4, 2**63, True, 1.0, "0"])
+def test_rewind_refuses_a_block_id_outside_the_pool_and_changes_nothing(b):
+    a, block = _written(3)
+    with pytest.raises(InvalidArgument, match="block id"):
+        a.pool.rewind(b, "r", 1)
+    assert a.pool.filled[block] == 3
+
+
+@pytest.mark.parametrize("k", [-1, 5, 2**63, True, 1.0])
+def test_rewind_refuses_a_slot_count_outside_the_block_and_changes_nothing(k):
+    a, block = _written(3)
+    with pytest.raises(InvalidArgument, match="slots kept"):
+        a.pool.rewind(block, "r", k)
+    assert a.pool.filled[block] == 3
+
+
+def test_rewind_takes_numpy_integers():
+    a, block = _written(3)
+    a.pool.rewind(np.int64(block), "r", np.int32(2))
+    assert a.pool.filled[block] == 2 and type(a.pool.filled[block]) is int
