@@ -238,3 +238,20 @@ def test_advance_watermark_says_how_far_it_advanced():
     assert p.advance_watermark() == 0
     p.complete(2)
     assert p.advance_watermark() == 1 and p.clock[WATERMARK] == 3
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_rewind_that_writes_what_the_spec_does_not_is_caught(compiled):
+    p = _stray("rewind", lambda p: p.filled.__setitem__(0, p.filled[0] + 1))(3, 2, checked=True)
+    if hasattr(p, "compile_spec"):
+        p.compile_spec = compiled
+    p.open_holder("r")
+    p.allocate(0, "r")
+    p.publish(0, "r")
+    p.launch(0)
+    p.begin_write(0, "r", 2)
+    p.end_write(0)
+    p.complete(0)
+    p.advance()
+    with pytest.raises(InvariantViolation, match="refines:rewind"):
+        p.rewind(0, "r", 1)
