@@ -13,7 +13,8 @@ reference). Each mutant runs in a forked child process that installs a ``sys.met
 returning the mutated source for its module, then runs the kill suite in stages, cheapest
 first, stopping at the first failure:
 
-1. ``pytest -x`` over the fast tests (allocator API, spec lint, ``tests/test_kill_*.py``);
+1. ``pytest -x`` over the fast tests (allocator API, spec lint, the call programs and the
+   position rules, ``tests/test_kill_*.py``);
 2. spec mutants: the z3 obligations (induction symbolic + bounded, safety, non-vacuity);
    then a z3 equivalence check (``_z3_equivalence``): a mutant proved equivalent on every
    pool the invariants allow is reported ``equivalent`` and skips the slower stages;
@@ -546,7 +547,8 @@ def install(root: Path, overrides: dict[str, bytes] | None = None) -> None:
 # --- the kill suite ------------------------------------------------------------------------------
 FAST_TESTS = ("tests/test_allocator_api.py", "tests/test_spec_lint.py",
               "tests/test_hostile_allocator.py", "tests/test_request_layer.py",
-              "tests/test_explain.py", "tests/test_hostile_hashing.py")
+              "tests/test_explain.py", "tests/test_hostile_hashing.py",
+              "tests/test_spec_calls.py", "tests/test_position_rules.py")
 STATEFUL_TESTS = ("tests/test_stateful.py",)
 BUG_TESTS = (
     "tests/test_proofs.py::test_weakened_guard_gives_counterexample_and_trace",
