@@ -145,6 +145,10 @@ _ALIGNED = ("when issued is a multiple of B the entry at issued // B has never b
             "blocks, and a fork gives the child fresh blocks for ALLOCATED ones), so its ref is "
             "1 and no copy is made either way")
 EQUIVALENT: dict[str, str] = {
+    "spec/calls.py:why_refused:bool:if when is True or when: -> if when is False or when:":
+        "the mutant also walks a step whose run condition is False; only truncate_tail has "
+        "such a step (its rewind), and it is the plan's only step, so a transition refused "
+        "with that condition False is refused by its table conditions, said before the walk",
     **{f"allocator/pool.py:{fn}:{op}:if type(b) is not int or not 0 <= b < self.num_blocks: "
        f"-> if type(b) is not int or not {new} < self.num_blocks:": _FAST_RANGE
        for fn in ("allocate", "publish", "begin_write", "end_write", "rewind", "commit",

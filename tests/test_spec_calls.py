@@ -275,5 +275,6 @@ def test_every_request_refusal_is_said_in_words():
             text = why_refused(s, name, **params)
             assert text.startswith(f"{name}: ") and "ops." not in text and "s." not in text, (
                 text)
+            assert text != f"{name}: refused"  # a failed condition is named, always
             said += 1
     assert said > 500
