@@ -278,3 +278,17 @@ def test_every_request_refusal_is_said_in_words():
             assert text != f"{name}: refused"  # a failed condition is named, always
             said += 1
     assert said > 500
+
+
+def test_a_holder_the_state_already_names_is_not_named_twice():
+    """Explorer states name their holders up front (closed ones too): admitting or forking
+    into one of them opens it, without a second entry in ``holder_ids``."""
+    from pagedkv.spec import initial_request_state, initial_state
+
+    s = initial_request_state(initial_state(4, B, holder_ids=("a", "c")))
+    run = run_call(s, "add_request", "a", 3, chain_hashes([1, 2, 3], B))
+    assert run.state.pool.holder_ids == ("a", "c")
+    run = run_call(run.state, "fork", "a", "c")
+    assert run.state.pool.holder_ids == ("a", "c")
+    s2 = initial_request_state(initial_state(4, B))
+    assert run_call(s2, "add_request", "z", 1, []).state.pool.holder_ids == ("z",)
