@@ -145,6 +145,10 @@ _ALIGNED = ("when issued is a multiple of B the entry at issued // B has never b
             "blocks, and a fork gives the child fresh blocks for ALLOCATED ones), so its ref is "
             "1 and no copy is made either way")
 EQUIVALENT: dict[str, str] = {
+    "spec/calls.py:_seal_touched:drop-and-clause:if run.state.content[b] == NO_HASH and "
+    "run.enabled(\"seal\", r=r, b=b): -> if True and run.enabled(\"seal\", r=r, b=b):":
+        "seal's guard requires s.content[b] == NO_HASH itself: the clause only spares "
+        "evaluating the guard on blocks sealed already",
     "spec/calls.py:why_refused:bool:if when is True or when: -> if when is False or when:":
         "the mutant also walks a step whose run condition is False; only truncate_tail has "
         "such a step (its rewind), and it is the plan's only step, so a transition refused "
