@@ -145,6 +145,12 @@ _ALIGNED = ("when issued is a multiple of B the entry at issued // B has never b
             "blocks, and a fork gives the child fresh blocks for ALLOCATED ones), so its ref is "
             "1 and no copy is made either way")
 EQUIVALENT: dict[str, str] = {
+    "spec/calls.py:commit:drop-and-clause:if s.pool.state[b] == PUBLISHED and "
+    "s.pool.hmap[s.content[b]] == NO_BLOCK: -> if True and s.pool.hmap[s.content[b]] == "
+    "NO_BLOCK:":
+        "a committed entry's block is PUBLISHED or REFERENCED (held, written); a REFERENCED "
+        "one is hashed, its hash is its content and the hash map maps it to itself, so the "
+        "second clause is false for it anyway",
     "spec/calls.py:_seal_touched:drop-and-clause:if run.state.content[b] == NO_HASH and "
     "run.enabled(\"seal\", r=r, b=b): -> if True and run.enabled(\"seal\", r=r, b=b):":
         "seal's guard requires s.content[b] == NO_HASH itself: the clause only spares "

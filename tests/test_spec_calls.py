@@ -292,3 +292,22 @@ def test_a_holder_the_state_already_names_is_not_named_twice():
     assert run.state.pool.holder_ids == ("a", "c")
     s2 = initial_request_state(initial_state(4, B))
     assert run_call(s2, "add_request", "z", 1, []).state.pool.holder_ids == ("z",)
+
+
+def test_two_requests_computing_one_prefix_cache_it_once():
+    """Both admitted before either committed: each computes the prefix in its own blocks; the
+    first commit caches them, the second finds the content cached and leaves its own copies
+    uncached (they are freed like any other block), on the allocator and in the program."""
+    a, m = _setup()
+    for rid in ("a", "b"):
+        _check(m, "add_request", (rid, len(PROMPT), chain_hashes(PROMPT, B)),
+               lambda rid=rid: a.add_request(rid, PROMPT))
+        _check(m, "allocate", (rid, len(PROMPT)), lambda rid=rid: a.allocate(rid, len(PROMPT)))
+    launch = _check(m, "publish", (["a", "b"],), lambda: a.publish(["a", "b"]))
+    _check(m, "complete", (launch.seq, list(launch.writes)), launch.complete)
+    for rid in ("a", "b"):
+        _check(m, "commit", (rid, len(PROMPT)), lambda rid=rid: a.commit(rid, len(PROMPT)))
+    first, second = a.block_table("a"), a.block_table("b")
+    assert [m.state.pool.state[b] for b in first[:3]] == [REFERENCED] * 3
+    assert [m.state.pool.state[b] for b in second[:3]] == [PUBLISHED] * 3
+    assert "cache" not in [name for name, _ in m.last.steps]
