@@ -145,6 +145,11 @@ _ALIGNED = ("when issued is a multiple of B the entry at issued // B has never b
             "blocks, and a fork gives the child fresh blocks for ALLOCATED ones), so its ref is "
             "1 and no copy is made either way")
 EQUIVALENT: dict[str, str] = {
+    "spec/calls.py:free_many:drop-copy:_distinct(run, list(rids), \"free_many\") -> "
+    "_distinct(run, rids, \"free_many\")":
+        "every caller passes a list or tuple of ids (the allocator's free_many its checked "
+        "list; _confirmed the call's argument, refused by _ordered first unless a sequence): "
+        "_distinct's len and set see the same items either way",
     "spec/calls.py:commit:drop-and-clause:if s.pool.state[b] == PUBLISHED and "
     "s.pool.hmap[s.content[b]] == NO_BLOCK: -> if True and s.pool.hmap[s.content[b]] == "
     "NO_BLOCK:":

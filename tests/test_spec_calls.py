@@ -311,3 +311,50 @@ def test_two_requests_computing_one_prefix_cache_it_once():
     assert [m.state.pool.state[b] for b in first[:3]] == [REFERENCED] * 3
     assert [m.state.pool.state[b] for b in second[:3]] == [PUBLISHED] * 3
     assert "cache" not in [name for name, _ in m.last.steps]
+
+
+def _refused(s, call: str, *args, words: str) -> None:
+    refused = call_allowed(s, call, *args)
+    assert isinstance(refused, CallRefused), (call, args)
+    assert words in refused.reason, refused.reason
+
+
+def test_truncate_program_at_its_bounds():
+    a, m = _setup()
+    tokens = [1, 2, 3, 4, 5]
+    _check(m, "add_request", ("u", 5, chain_hashes(tokens, B)),
+           lambda: a.add_request("u", tokens))
+    _check(m, "allocate", ("u", 9), lambda: a.allocate("u", 9))  # five entries
+    launch = _check(m, "publish", (["u"],), lambda: a.publish(["u"]))
+    _check(m, "complete", (launch.seq, list(launch.writes)), launch.complete)
+    _check(m, "commit", ("u", 3), lambda: a.commit("u", 3))
+    _check(m, "truncate", ("u", 9), lambda: a.truncate("u", 9))  # all it covers: a no-op
+    _check(m, "truncate", ("u", 6), lambda: a.truncate("u", 6))  # two entries let go
+    assert [name for name, _ in m.last.steps][:2] == ["release_tail", "release_tail"]
+    _check(m, "truncate", ("u", 3), lambda: a.truncate("u", 3))  # down to what it committed
+    assert count(m.state, "reserved", "u") == 3 and len(table_of(m.state, "u")) == 2
+    _refused(m.state, "truncate", "u", 2, words="committed 3 positions")
+    _refused(m.state, "truncate", "u", 4, words="covers 3 positions")
+    _check(m, "add_request", ("v", 3, chain_hashes([7, 8, 9], B)),
+           lambda: a.add_request("v", [7, 8, 9]))
+    _check(m, "allocate", ("v", 3), lambda: a.allocate("v", 3))
+    _refused(m.state, "truncate", "v", 0, words="at least one position")
+    _check(m, "truncate", ("v", 1), lambda: a.truncate("v", 1))
+
+
+def test_publish_append_and_allocate_many_programs_at_their_bounds():
+    a, m = _setup()
+    for rid, tokens in (("a", [1, 2, 3]), ("b", [4, 5, 6])):
+        _check(m, "add_request", (rid, 3, chain_hashes(tokens, B)),
+               lambda rid=rid, tokens=tokens: a.add_request(rid, tokens))
+    _refused(m.state, "publish", [], words="at least one request")
+    _refused(m.state, "publish", ["a"], words="has no allocated positions")
+    _refused(m.state, "allocate_many", [("a", 2)], words="has an empty table")
+    _check(m, "allocate", ("a", 1), lambda: a.allocate("a", 1))  # one position, one entry
+    assert not isinstance(call_allowed(m.state, "publish", ["a"]), CallRefused)
+    _check(m, "allocate_many", ([("a", 3)],), lambda: a.allocate_many([("a", 3)]))
+    more = [("a", 4, chain_hashes([1, 2, 3, 9], B)), ("b", 4, chain_hashes([4, 5, 6, 9], B))]
+    assert not isinstance(call_allowed(m.state, "append_tokens_many", more), CallRefused)
+    _refused(m.state, "append_tokens_many", [more[0], more[0]], words="appears twice")
+    _check(m, "append_tokens_many", (more,),
+           lambda: a.append_tokens_many([(r, [9]) for r in ("a", "b")]))
