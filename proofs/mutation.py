@@ -145,6 +145,11 @@ _ALIGNED = ("when issued is a multiple of B the entry at issued // B has never b
             "blocks, and a fork gives the child fresh blocks for ALLOCATED ones), so its ref is "
             "1 and no copy is made either way")
 EQUIVALENT: dict[str, str] = {
+    **{f"allocator/allocator.py:_check_tokens:cmp:if type(t) is int and _I64_MIN <= t <= "
+       f"_I64_MAX: -> if type(t) is int and {new}:":
+       "fast path for one plain-int token: a token at an int64 bound it sends on takes the "
+       "general path, which accepts it and returns a new one-item list with the same value"
+       for new in ("_I64_MIN < t <= _I64_MAX", "_I64_MIN <= t < _I64_MAX")},
     "spec/calls.py:free_many:drop-copy:_distinct(run, list(rids), \"free_many\") -> "
     "_distinct(run, rids, \"free_many\")":
         "every caller passes a list or tuple of ids (the allocator's free_many its checked "
