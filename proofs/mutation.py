@@ -145,6 +145,11 @@ _ALIGNED = ("when issued is a multiple of B the entry at issued // B has never b
             "blocks, and a fork gives the child fresh blocks for ALLOCATED ones), so its ref is "
             "1 and no copy is made either way")
 EQUIVALENT: dict[str, str] = {
+    "allocator/allocator.py:_plan_room:cmp:if not hits and need <= pool.usable():  # the "
+    "common case: it fits now -> if not hits and need < pool.usable():  # the common case: "
+    "it fits now":
+        "fast path: with no hits and need == usable() the general path finds available == "
+        "usable() and returns the same empty list",
     **{f"allocator/allocator.py:_check_tokens:cmp:if type(t) is int and _I64_MIN <= t <= "
        f"_I64_MAX: -> if type(t) is int and {new}:":
        "fast path for one plain-int token: a token at an int64 bound it sends on takes the "

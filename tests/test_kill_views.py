@@ -115,3 +115,13 @@ def test_busy_means_retired_past_the_watermark() -> None:
     p.advance()
     assert p.retire[0] == p.clock[WATERMARK] == 1
     assert not p.busy(0) and p.state[0] == FREE
+
+
+def test_block_hash_takes_a_salt_of_str_or_bytes_and_refuses_others() -> None:
+    from pagedkv.allocator import InvalidArgument, block_hash
+
+    a = BlockAllocator(2, B)
+    for salt in ("tenant", b"tenant", None):
+        assert a.block_hash(0, [1, 2, 3, 4], salt=salt) == block_hash(0, [1, 2, 3, 4], (), salt)
+    with pytest.raises(InvalidArgument, match="cache_salt"):
+        a.block_hash(0, [1, 2, 3, 4], salt=7)
