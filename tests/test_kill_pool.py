@@ -205,16 +205,21 @@ def test_a_stray_write_is_caught_by_the_frame_check(compiled, name, write, words
     assert words in str(err.value)
 
 
+def _block_0_in_flight(p: BlockPool) -> None:
+    """Holder r's block 0, published, and launch 0 (which may read it) in flight."""
+    p.open_holder("r")
+    p.allocate(0, "r")
+    p.publish(0, "r")
+    p.launch(0)
+
+
 @pytest.mark.parametrize("checked", [True, False])
 def test_a_write_that_ends_after_its_launch_completed_recycles_the_block(checked):
     """The pool's API lets a write end after the launch completed and the watermark passed
     the block's retire clock (the spec ties no write to a launch): the block, let go
     meanwhile, is recycled by that ``end_write``, not left RECLAIMED and reusable."""
     p = BlockPool(2, 4, checked=checked)
-    p.open_holder("r")
-    p.allocate(0, "r")
-    p.publish(0, "r")
-    p.launch(0)
+    _block_0_in_flight(p)
     p.begin_write(0, "r", 4)
     p.release(0, "r")  # retired while launch 0 is in flight
     p.complete(0)
@@ -245,10 +250,7 @@ def test_a_rewind_that_writes_what_the_spec_does_not_is_caught(compiled):
     p = _stray("rewind", lambda p: p.filled.__setitem__(0, p.filled[0] + 1))(3, 2, checked=True)
     if hasattr(p, "compile_spec"):
         p.compile_spec = compiled
-    p.open_holder("r")
-    p.allocate(0, "r")
-    p.publish(0, "r")
-    p.launch(0)
+    _block_0_in_flight(p)
     p.begin_write(0, "r", 2)
     p.end_write(0)
     p.complete(0)

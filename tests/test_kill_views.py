@@ -84,12 +84,17 @@ def test_the_live_view_s_members_are_a_snapshot_for_holder_ids_of_mixed_types() 
     assert dict(items) == {1: True, "a": True}
 
 
-def test_a_block_revived_and_let_go_again_at_one_stamp_is_queued_once() -> None:
-    p = BlockPool(2, 1)
+def _block_0_in_flight(p: BlockPool) -> None:
+    """Holder r's block 0, published, and launch 0 (which may read it) in flight."""
     p.open_holder("r")
     p.allocate(0, "r")
     p.publish(0, "r")
     p.launch(0)
+
+
+def test_a_block_revived_and_let_go_again_at_one_stamp_is_queued_once() -> None:
+    p = BlockPool(2, 1)
+    _block_0_in_flight(p)
     p.begin_write(0, "r", 1)
     p.end_write(0)
     p.commit(0, "r", 7)
@@ -105,10 +110,7 @@ def test_a_block_revived_and_let_go_again_at_one_stamp_is_queued_once() -> None:
 
 def test_busy_means_retired_past_the_watermark() -> None:
     p = BlockPool(2, 1)
-    p.open_holder("r")
-    p.allocate(0, "r")
-    p.publish(0, "r")
-    p.launch(0)
+    _block_0_in_flight(p)
     p.release(0, "r")  # retired at clock 1 while launch 0 is in flight
     assert p.busy(0) and not p.busy(1)
     p.complete(0)
