@@ -6,6 +6,7 @@ the live view's enumeration of launches in flight, and one retire-queue entry pe
 from __future__ import annotations
 
 import pytest
+from test_kill_pool import _block_0_in_flight
 
 from pagedkv.allocator import BlockAllocator, InvariantViolation
 from pagedkv.allocator.pool import BlockPool
@@ -82,14 +83,6 @@ def test_the_live_view_s_members_are_a_snapshot_for_holder_ids_of_mixed_types() 
     items = p.view.alive.items()  # ids of mixed types cannot be sorted: any order
     p.open_holder("b")
     assert dict(items) == {1: True, "a": True}
-
-
-def _block_0_in_flight(p: BlockPool) -> None:
-    """Holder r's block 0, published, and launch 0 (which may read it) in flight."""
-    p.open_holder("r")
-    p.allocate(0, "r")
-    p.publish(0, "r")
-    p.launch(0)
 
 
 def test_a_block_revived_and_let_go_again_at_one_stamp_is_queued_once() -> None:
