@@ -28,13 +28,12 @@ from pagedkv.spec import (
     PoolState,
     RequestState,
     Transition,
-    slots_written,
     takeable,
     violations,
 )
-from pagedkv.spec import requests as spec_requests
 from pagedkv.spec.calls import CALLS, CallRefused, CallRun
 from pagedkv.spec.explain import failed_conditions
+from pagedkv.spec.request_spec import RequestSpec, as_request_spec
 from pagedkv.spec.requests import initial_request_state
 from pagedkv.spec.states import ALLOCATED
 
@@ -189,15 +188,24 @@ class BlockAllocator:
         *,
         prefix_caching: bool = True,
         checked: bool = True,
-        spec: Mapping[str, Transition] | None = None,
+        spec: RequestSpec | Mapping[str, Transition] | None = None,
     ) -> None:
-        """``spec``: the lifecycle transitions to enforce (default ``spec.TRANSITIONS``), passed
-        to the ``BlockPool``; tests and canaries pass a changed spec here."""
+        """``spec``: the request layer to enforce (a ``spec.RequestSpec``; default
+        ``spec.REQUEST_SPEC``, the spec as written), or only the pool's lifecycle transitions
+        (a mapping like ``spec.TRANSITIONS``, the request rules as written). Its pool
+        transitions go to the ``BlockPool``; its rules (``may_hit``, ``commit_bounds``,
+        ``slots_written``) are the ones the allocator evaluates, and its call programs the ones
+        a refusal is confirmed by. Tests and canaries pass a changed spec here."""
         if not isinstance(prefix_caching, bool | np.bool_):
             raise InvalidArgument(
                 f"prefix_caching must be a bool, got {type(prefix_caching).__name__}"
             )
-        self.pool = BlockPool(num_blocks, block_size, checked=checked, spec=spec)
+        try:
+            self.spec = as_request_spec(spec)
+        except TypeError as exc:
+            raise InvalidArgument(str(exc)) from None
+        self.pool = BlockPool(num_blocks, block_size, checked=checked,
+                              spec=None if spec is None else self.spec.pool)
         self.block_size = self.pool.block_size
         self.num_blocks = self.pool.num_blocks
         self.prefix_caching = bool(prefix_caching)
@@ -290,8 +298,8 @@ class BlockAllocator:
         """The cached blocks an empty table takes (spec: ``leading_hits``, by ``may_hit``)."""
         if not self.prefix_caching:
             return []
-        return spec_requests.leading_hits(req.hashes, len(req.tokens), self.block_size,
-                                          self.pool.lookup)
+        return self.spec.leading_hits(req.hashes, len(req.tokens), self.block_size,
+                                      self.pool.lookup)
 
     def _check_new_rid(self, rid: Hashable) -> None:
         try:
@@ -347,7 +355,8 @@ class BlockAllocator:
             return  # a malformed argument, refused before the spec is consulted
         if call == "publish":
             args = (self._check_rids(args[0]),)
-        run = CallRun(self.spec_view, prefix_caching=self.prefix_caching, flatten=False)
+        run = CallRun(self.spec_view, prefix_caching=self.prefix_caching, flatten=False,
+                      spec=self.spec)
         try:
             CALLS[call](run, *args)
         except CallRefused as refused:
@@ -506,7 +515,7 @@ class BlockAllocator:
         in order. All or nothing: every pair is checked before anything is committed (a
         commit only makes another's condition easier: it never un-writes a block). The
         spec's program is ``spec.calls.commit_many``: ``commit`` of each pair in order."""
-        written = self.pool.predicate(slots_written, ("b", "k"))
+        written = self.pool.predicate(self.spec.slots_written, ("b", "k"))
         checked = [(req, self._commit_check(req, n, written))
                    for req, n in self._batch(updates, "commit_many")]
         for req, n in checked:
@@ -522,7 +531,7 @@ class BlockAllocator:
             raise CommitError(f"{rid!r} already committed {req.computed} positions")
         if num_tokens == req.computed:
             return num_tokens
-        bounds = position_rule(spec_requests.commit_bounds, ("new", "issued", "known"))
+        bounds = position_rule(self.spec.commit_bounds, ("new", "issued", "known"))
         issued_ok, known_ok = bounds(B, num_tokens, req.issued, len(req.tokens))
         if not issued_ok:
             raise CommitError(
@@ -535,7 +544,7 @@ class BlockAllocator:
                 f"token ids are known (append_tokens first)"
             )
         if written is None:
-            written = self.pool.predicate(slots_written, ("b", "k"))
+            written = self.pool.predicate(self.spec.slots_written, ("b", "k"))
         # The blocks holding positions computed..num_tokens-1, each written up to its part.
         for i in range(req.computed // B, -(-num_tokens // B)):
             b = req.table[i]

@@ -27,7 +27,7 @@ import re
 import shutil
 import subprocess
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,8 +89,10 @@ def _key(s: Any, blocks: tuple[int, ...], holders: tuple[int, ...], hashes: tupl
 
 def derive(blocks: int = 1, holders: int = 2, block_size: int = 1,
            hashes: tuple[int, ...] = (1,), max_inflight: int = 2, max_window: int = 2,
-           progress: Callable[[int], Any] | None = None) -> Lifecycle:
-    """Explore the spec on a small pool and collect the lifecycle edges it exercises."""
+           progress: Callable[[int], Any] | None = None,
+           transitions: Mapping[str, Any] | None = None) -> Lifecycle:
+    """Explore the spec on a small pool and collect the lifecycle edges it exercises.
+    ``transitions``: the pool transitions to explore (default ``spec.TRANSITIONS``)."""
     from pagedkv.proofs import epochs
     from pagedkv.spec import (
         ALL_STATES,
@@ -111,7 +113,7 @@ def derive(blocks: int = 1, holders: int = 2, block_size: int = 1,
     kinds = {p: PARAM_KINDS[p] for p in PARAM_KINDS}
     domains = {name: by_kind[kind] for name, kind in PARAM_KINDS.items()}
     moves = []
-    for name, t in TRANSITIONS.items():
+    for name, t in (TRANSITIONS if transitions is None else transitions).items():
         unknown = [p for p in t.params if p not in domains]
         if unknown:
             raise CliError(f"diagram: transition {name!r} has parameters {unknown} that the "

@@ -90,7 +90,7 @@ from typing import Any, TypeVar
 
 from pagedkv.allocator import BlockAllocator, Launch, LaunchAlreadyCompleted, OutOfBlocks
 from pagedkv.spec import PUBLISHED, REFERENCED, takeable
-from pagedkv.spec import requests as spec_requests
+from pagedkv.spec.request_spec import RequestSpec
 from pagedkv.spec.states import ALLOCATED
 
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -213,7 +213,10 @@ class KVCacheManager:
         enable_kv_cache_events: bool = False,
         watermark: float = 0.0,
         null_block: bool = True,
+        spec: RequestSpec | None = None,
     ) -> None:
+        """``spec``: the request layer the allocator enforces and this manager's lookups
+        evaluate (default ``spec.REQUEST_SPEC``); tests pass a changed one here."""
         for name, flag in (("enable_caching", enable_caching), ("checked", checked),
                            ("log_stats", log_stats), ("null_block", null_block),
                            ("enable_kv_cache_events", enable_kv_cache_events)):
@@ -225,7 +228,8 @@ class KVCacheManager:
         if null_block and isinstance(num_blocks, int) and num_blocks < 2:
             raise ValueError("num_blocks must be >= 2 with a null block")
         self._alloc = BlockAllocator(num_blocks, block_size, prefix_caching=enable_caching,
-                                     checked=checked)
+                                     checked=checked, spec=spec)
+        self.spec: RequestSpec = self._alloc.spec
         self._pool = self._alloc.pool
         self.num_blocks: int = self._alloc.num_blocks
         self.block_size: int = self._alloc.block_size
@@ -312,8 +316,8 @@ class KVCacheManager:
         """The blocks the allocator's first ``allocate`` would take as prefix hits now."""
         if not self.enable_caching:
             return []
-        return spec_requests.leading_hits(self._hashes(req), req.num_tokens, self.block_size,
-                                          self._pool.hmap.get)
+        return self.spec.leading_hits(self._hashes(req), req.num_tokens, self.block_size,
+                                      self._pool.hmap.get)
 
     # ---- launches and completion --------------------------------------------------------
     def _sweep(self) -> None:

@@ -51,7 +51,6 @@ from pagedkv.allocator.errors import AllocatorError, InvalidArgument, OutOfBlock
 from pagedkv.allocator.host import HostPool
 from pagedkv.allocator.launch import Launch
 from pagedkv.kernels.pool import KVCachePool
-from pagedkv.spec import requests as spec_requests
 
 from .manager import KVCacheManager
 from .request import EngineRequest, RequestStatus
@@ -266,8 +265,8 @@ class Swapper:
         m, B = self.manager, self.manager.block_size
         hits, hit_tokens, _ = m.get_computed_blocks(request)  # also hashes the request
         nh = len(hits.block_ids)
-        on_host = spec_requests.leading_hits(request.block_hashes, request.num_tokens, B,
-                                             self.host.lookup, start=nh)
+        on_host = m.spec.leading_hits(request.block_hashes, request.num_tokens, B,
+                                      self.host.lookup, start=nh)
         found = list(request.block_hashes[nh:nh + len(on_host)])
         loaded = nh * B + len(found) * B
         if loaded == 0:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pagedkv.allocator import AllocatorError, BlockAllocator, OutOfBlocks
-from pagedkv.spec import request_step, states_equal
+from pagedkv.spec import REQUEST_SPEC, RequestSpec, request_step, states_equal
 from pagedkv.spec.calls import CallRefused, CallRun, call_allowed, run_call
 from pagedkv.spec.requests import RequestState, summary
 
@@ -42,15 +42,19 @@ class TraceChooser:
 
 class CallModel:
     """The request layer's state as the spec's programs leave it, checked against an
-    allocator after every call."""
+    allocator after every call. ``spec``: the request layer the programs run in (the spec as
+    written unless a changed one is passed: an allocator given a changed spec is then checked
+    against the spec as written, which is what a canary needs)."""
 
-    def __init__(self, alloc: BlockAllocator) -> None:
+    def __init__(self, alloc: BlockAllocator, spec: RequestSpec = REQUEST_SPEC) -> None:
         self.alloc = alloc
+        self.spec = spec
         self.state: RequestState = alloc.abstract().requests
         self.last: CallRun | None = None
 
     def allowed(self, call: str, *args: Any) -> CallRun | CallRefused:
-        return call_allowed(self.state, call, *args, prefix_caching=self.alloc.prefix_caching)
+        return call_allowed(self.state, call, *args, prefix_caching=self.alloc.prefix_caching,
+                            spec=self.spec)
 
     def check(self, call: str, args: tuple[Any, ...], do: Callable[[], Any]) -> Any:
         """Run ``do`` (the allocator call) and check it against the program of ``call``.
@@ -72,7 +76,7 @@ class CallModel:
         assert not isinstance(spec, CallRefused), (
             f"{call}{args!r} succeeded where the spec refuses: {spec.reason}")
         run = run_call(self.state, call, *args, chooser=TraceChooser(trace[start:]),
-                       prefix_caching=self.alloc.prefix_caching)
+                       prefix_caching=self.alloc.prefix_caching, spec=self.spec)
         self.expect_state(run.state, f"{call}{args!r}")
         self.last = run
         return out
@@ -92,7 +96,7 @@ class CallModel:
         transitions on the model, which must end where the allocator is."""
         state = self.state
         for name, params in trace:
-            post = request_step(state, name, **params)
+            post = request_step(state, name, self.spec.transitions, **params)
             assert post is not None, f"{name}{params}: the spec's guard does not hold"
             state = post
         self.expect_state(state, f"pool steps {list(trace)}")

@@ -1,19 +1,21 @@
 """CI canaries: planted bugs that every verification run must catch.
 
-``CANARIES[name]`` is a context manager that plants one bug by monkeypatching (nothing on disk
-changes); ``DETECTORS[name]`` are the checks that must notice. ``run_canaries()`` first runs
-every detector with no bug planted (each must pass: a detector that always fails would
-"catch" everything), then plants each canary and runs its detectors in order until one
-reports it::
+``CANARIES[name]`` is a context manager that plants one bug and yields the spec to check
+(nothing on disk changes); ``DETECTORS[name]`` are the checks that must notice, each called
+with that spec. ``run_canaries()`` first runs every detector on the spec as written, with no
+bug planted (each must pass: a detector that always fails would "catch" everything), then
+plants each canary and runs its detectors in order until one reports it::
 
     from pagedkv.proofs.canaries import run_canaries
     rep = run_canaries(progress=print)
     rep["ok"]                      # every canary caught and the baseline clean
     rep["canaries"]["recycle_ignores_watermark"]  # {"caught", "by", "evidence", "seconds"}
 
-Spec-level bugs (weakened guards, a dropped effect) are replaced in ``spec.TRANSITIONS``, which
-the allocator and the proofs both look up at call time; runtime bugs patch the allocator's
-code. Each spec-level canary is caught by a z3 counterexample or an explorer trace, in the
+Spec-level bugs (weakened guards, a dropped effect) are a changed copy of ``spec.TRANSITIONS``,
+passed in: to the z3 provers and the explorer (``transitions=``), and to the allocator and the
+refinement machine's model (``spec=``, ``AllocatorMachine.for_spec``); no module global is
+patched. Runtime bugs are the allocator's own code, patched for the duration, with the spec as
+written. Each spec-level canary is caught by a z3 counterexample or an explorer trace, in the
 spec's words (``retire=...``, ``clock: issued=... watermark=...``).
 """
 
@@ -24,10 +26,12 @@ import dataclasses
 import re
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 Progress = Callable[[str], None] | None
+Spec = Mapping[str, Any] | None  # pool transitions by name; None: the spec as written
+Detector = Callable[[Spec], str | None]
 
 
 # --- planting ----------------------------------------------------------------------------------
@@ -42,29 +46,22 @@ def _patched(obj: Any, attr: str, value: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _guard(name: str, make: Callable[[Any], Callable[..., Any]]) -> Iterator[None]:
-    """Replace transition ``name``'s guard by ``make(original_guard)``."""
+def _guard(name: str, make: Callable[[Any], Callable[..., Any]]) -> Iterator[Spec]:
+    """The spec with transition ``name``'s guard replaced by ``make(original_guard)``."""
     from pagedkv.spec import TRANSITIONS
 
     original = TRANSITIONS[name]
-    TRANSITIONS[name] = dataclasses.replace(original, guard=make(original.guard))
-    try:
-        yield
-    finally:
-        TRANSITIONS[name] = original
+    yield dict(TRANSITIONS, **{name: dataclasses.replace(original, guard=make(original.guard))})
 
 
 @contextlib.contextmanager
-def _effect(name: str, make: Callable[[Any], Callable[..., Any]]) -> Iterator[None]:
-    """Replace transition ``name``'s effect by ``make(original_effect)``."""
+def _effect(name: str, make: Callable[[Any], Callable[..., Any]]) -> Iterator[Spec]:
+    """The spec with transition ``name``'s effect replaced by ``make(original_effect)``."""
     from pagedkv.spec import TRANSITIONS
 
     original = TRANSITIONS[name]
-    TRANSITIONS[name] = dataclasses.replace(original, effect=make(original.effect))
-    try:
-        yield
-    finally:
-        TRANSITIONS[name] = original
+    yield dict(TRANSITIONS,
+               **{name: dataclasses.replace(original, effect=make(original.effect))})
 
 
 def _in_pool(s: Any, b: Any) -> list[Any]:
@@ -72,7 +69,7 @@ def _in_pool(s: Any, b: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def release_without_holder_check() -> Iterator[None]:
+def release_without_holder_check() -> Iterator[Spec]:
     """release forgets "r holds b": any holder can drop anyone's reference (double free)."""
     from pagedkv.spec import ALLOCATED, PUBLISHED, REFERENCED
 
@@ -83,12 +80,12 @@ def release_without_holder_check() -> Iterator[None]:
                            ops.Or(st == ALLOCATED, st == PUBLISHED, st == REFERENCED))
         return guard
 
-    with _guard("release", make):
-        yield
+    with _guard("release", make) as spec:
+        yield spec
 
 
 @contextlib.contextmanager
-def recycle_ignores_watermark() -> Iterator[None]:
+def recycle_ignores_watermark() -> Iterator[Spec]:
     """recycle forgets ``retire[b] <= clock[WATERMARK]``: a block a launch in flight may still
     read is reused."""
     from pagedkv.spec import RECLAIMED
@@ -98,12 +95,12 @@ def recycle_ignores_watermark() -> Iterator[None]:
             return ops.And(*_in_pool(s, b), s.state[b] == RECLAIMED, s.wpend[b] == 0)
         return guard
 
-    with _guard("recycle", make):
-        yield
+    with _guard("recycle", make) as spec:
+        yield spec
 
 
 @contextlib.contextmanager
-def recycle_ignores_writes() -> Iterator[None]:
+def recycle_ignores_writes() -> Iterator[Spec]:
     """recycle forgets "no write pending": a block a kernel still writes is reused."""
     from pagedkv.spec import RECLAIMED, WATERMARK
 
@@ -113,12 +110,12 @@ def recycle_ignores_writes() -> Iterator[None]:
                            s.retire[b] <= s.clock[WATERMARK])
         return guard
 
-    with _guard("recycle", make):
-        yield
+    with _guard("recycle", make) as spec:
+        yield spec
 
 
 @contextlib.contextmanager
-def release_without_retire_stamp() -> Iterator[None]:
+def release_without_retire_stamp() -> Iterator[Spec]:
     """release lets go of the last reference without stamping ``retire[b] = clock[ISSUED]``:
     the launches issued so far no longer pin the block."""
 
@@ -127,12 +124,12 @@ def release_without_retire_stamp() -> Iterator[None]:
             return effect(ops, s, b, r).replace(retire=s.retire)
         return release
 
-    with _effect("release", make):
-        yield
+    with _effect("release", make) as spec:
+        yield spec
 
 
 @contextlib.contextmanager
-def advance_past_inflight() -> Iterator[None]:
+def advance_past_inflight() -> Iterator[Spec]:
     """advance forgets "the oldest launch completed": the watermark passes a launch in flight
     (what "watermark = last completed + 1" does when launches complete out of order)."""
     from pagedkv.spec import ISSUED, WATERMARK
@@ -142,12 +139,12 @@ def advance_past_inflight() -> Iterator[None]:
             return s.clock[WATERMARK] < s.clock[ISSUED]
         return guard
 
-    with _guard("advance", make):
-        yield
+    with _guard("advance", make) as spec:
+        yield spec
 
 
 @contextlib.contextmanager
-def publish_non_allocated() -> Iterator[None]:
+def publish_non_allocated() -> Iterator[Spec]:
     """publish takes a FREE block too (one that holds no initialized record)."""
     from pagedkv.spec import ALLOCATED, FREE
 
@@ -157,12 +154,12 @@ def publish_non_allocated() -> Iterator[None]:
             return ops.And(*_in_pool(s, b), ops.Or(st == ALLOCATED, st == FREE), s.alive[r])
         return guard
 
-    with _guard("publish", make):
-        yield
+    with _guard("publish", make) as spec:
+        yield spec
 
 
 @contextlib.contextmanager
-def commit_unwritten() -> Iterator[None]:
+def commit_unwritten() -> Iterator[Spec]:
     """commit registers a block in the prefix cache without checking it is full."""
     from pagedkv.spec import NO_BLOCK, NO_HASH, PUBLISHED
 
@@ -172,12 +169,12 @@ def commit_unwritten() -> Iterator[None]:
                            s.wpend[b] == 0, h != NO_HASH, s.hmap[h] == NO_BLOCK)
         return guard
 
-    with _guard("commit", make):
-        yield
+    with _guard("commit", make) as spec:
+        yield spec
 
 
 @contextlib.contextmanager
-def share_revive_keeps_queued() -> Iterator[None]:
+def share_revive_keeps_queued() -> Iterator[Spec]:
     """share revives a CACHED block but leaves it in the eviction queue."""
     from pagedkv.allocator.pool import BlockPool
     from pagedkv.spec import CACHED
@@ -195,7 +192,7 @@ def share_revive_keeps_queued() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def slot_mapping_off_by_one() -> Iterator[None]:
+def slot_mapping_off_by_one() -> Iterator[Spec]:
     """The slot of each written position is one past where it belongs."""
     import pagedkv.allocator.allocator as allocator_module
     from pagedkv.allocator import table
@@ -217,7 +214,7 @@ def slot_mapping_off_by_one() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def hash_without_length_framing() -> Iterator[None]:
+def hash_without_length_framing() -> Iterator[Spec]:
     """A hash field is encoded as tag | payload, without its length: not injective."""
     from pagedkv.allocator import hashing
 
@@ -228,7 +225,7 @@ def hash_without_length_framing() -> Iterator[None]:
         yield
 
 
-CANARIES: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+CANARIES: dict[str, Callable[[], contextlib.AbstractContextManager[Spec]]] = {
     "release_without_holder_check": release_without_holder_check,
     "recycle_ignores_watermark": recycle_ignores_watermark,
     "recycle_ignores_writes": recycle_ignores_writes,
@@ -258,11 +255,17 @@ def _evidence(text: str) -> str:
     return ", ".join(found[:4]) + (f" ({last[0][:140]})" if last else "")
 
 
-def _induction(transition: str) -> Callable[[], str | None]:
-    def check() -> str | None:
+def _provers(spec: Spec) -> dict[str, Any]:
+    """The provers' keyword for the spec to prove (none: the spec as written)."""
+    return {} if spec is None else {"transitions": spec}
+
+
+def _induction(transition: str) -> Detector:
+    def check(spec: Spec) -> str | None:
         from pagedkv.proofs.induction import COUNTEREXAMPLE, induction_matrix
 
-        obs = induction_matrix("bounded", only={"transitions": [transition]})
+        obs = induction_matrix("bounded", only={"transitions": [transition]},
+                               **_provers(spec))
         bad = [o.invariant for o in obs if o.result == COUNTEREXAMPLE]
         return f"counterexample to {', '.join(bad)} / {transition}" if bad else None
 
@@ -270,12 +273,12 @@ def _induction(transition: str) -> Callable[[], str | None]:
     return check
 
 
-def _safety(transition: str) -> Callable[[], str | None]:
-    def check() -> str | None:
+def _safety(transition: str) -> Detector:
+    def check(spec: Spec) -> str | None:
         from pagedkv.proofs.induction import COUNTEREXAMPLE
         from pagedkv.proofs.safety import prove_safety
 
-        res = prove_safety(only={transition}, modes=("bounded",))
+        res = prove_safety(only={transition}, modes=("bounded",), **_provers(spec))
         bad = [c for r in res.values() for c in r.claims if c.result == COUNTEREXAMPLE]
         if not bad:
             return None
@@ -295,12 +298,12 @@ def _safety(transition: str) -> Callable[[], str | None]:
     return check
 
 
-def explorer() -> str | None:
+def explorer(spec: Spec) -> str | None:
     """A small exhaustive exploration of the spec (pool layer, readers ghost on)."""
     from pagedkv.proofs.explore import ExploreConfig, explore
 
     r = explore(ExploreConfig(blocks=2, holders=1, block_size=1, max_inflight=1, max_window=2,
-                              stop_at_first=True))
+                              stop_at_first=True), **_provers(spec))
     if not r.violations:
         return None
     v = next(iter(r.violations.values()))
@@ -310,8 +313,9 @@ def explorer() -> str | None:
 explorer.__name__ = "explorer (2 blocks, pool layer)"
 
 
-def stateful(max_examples: int = 400, steps: int = 40) -> str | None:
-    """A short derandomized run of the refinement state machine, no shrinking."""
+def stateful(spec: Spec, max_examples: int = 400, steps: int = 40) -> str | None:
+    """A short derandomized run of the refinement state machine, no shrinking: the allocator
+    enforces ``spec`` and the machine's model runs it."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -322,7 +326,7 @@ def stateful(max_examples: int = 400, steps: int = 40) -> str | None:
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
                    print_blob=False)
     try:
-        run_state_machine_as_test(AllocatorMachine, settings=cfg)
+        run_state_machine_as_test(AllocatorMachine.for_spec(spec), settings=cfg)
     except BaseException as exc:  # noqa: BLE001 - any failure is what we look for
         return _evidence("".join(traceback.format_exception(exc)))
     return None
@@ -331,13 +335,13 @@ def stateful(max_examples: int = 400, steps: int = 40) -> str | None:
 stateful.__name__ = "stateful refinement run"
 
 
-def _scenario(checked: bool, probe: Callable[[Any, Any], None]) -> str | None:
+def _scenario(spec: Spec, checked: bool, probe: Callable[[Any, Any], None]) -> str | None:
     """Serve a few requests that share a prefix: prefill, commit, finish (blocks become CACHED),
     re-admit (prefix hits revive them), decode; ``probe`` sees every launch. Invariants are
     scanned after every step."""
     from pagedkv.allocator import AllocatorError, BlockAllocator
 
-    a = BlockAllocator(8, 4, checked=checked)
+    a = BlockAllocator(8, 4, checked=checked, spec=spec)
     prompt = list(range(10, 21))
     try:
         for round_ in range(2):
@@ -367,12 +371,12 @@ def _no_probe(a: Any, launch: Any) -> None:
     return None
 
 
-def lifecycle_unchecked() -> str | None:
+def lifecycle_unchecked(spec: Spec) -> str | None:
     """Prefix-cache lifecycle on an unchecked allocator, invariants scanned each step."""
-    return _scenario(False, _no_probe)
+    return _scenario(spec, False, _no_probe)
 
 
-def slots_match_tables() -> str | None:
+def slots_match_tables(spec: Spec) -> str | None:
     """Every written position's slot is (its table entry's block) * B + its offset."""
 
     def probe(a: Any, launch: Any) -> None:
@@ -386,11 +390,12 @@ def slots_match_tables() -> str | None:
                 k += 1
         assert k == len(launch.slot_mapping), "slot mapping has extra entries"
 
-    return _scenario(False, probe)
+    return _scenario(spec, False, probe)
 
 
-def hashes_injective() -> str | None:
-    """Field sequences that only framing keeps apart hash differently; decode inverts encode."""
+def hashes_injective(spec: Spec) -> str | None:
+    """Field sequences that only framing keeps apart hash differently; decode inverts encode
+    (the hashing is the runtime's alone: ``spec`` is not read)."""
     from pagedkv.allocator.hashing import (
         KIND_STR,
         block_hash,
@@ -420,7 +425,7 @@ lifecycle_unchecked.__name__ = "prefix lifecycle (unchecked, invariant scans)"
 slots_match_tables.__name__ = "slot mapping vs tables"
 hashes_injective.__name__ = "hash encoding injective"
 
-DETECTORS: dict[str, list[Callable[[], str | None]]] = {
+DETECTORS: dict[str, list[Detector]] = {
     "release_without_holder_check": [_induction("release"), stateful],
     "recycle_ignores_watermark": [_induction("recycle"), stateful],
     "recycle_ignores_writes": [_induction("recycle"), stateful],
@@ -434,9 +439,9 @@ DETECTORS: dict[str, list[Callable[[], str | None]]] = {
 }
 
 
-def _run(check: Callable[[], str | None]) -> str | None:
+def _run(check: Detector, spec: Spec) -> str | None:
     try:
-        return check()
+        return check(spec)
     except Exception as exc:  # noqa: BLE001 - a crash is a detection too
         return f"{type(exc).__name__}: {str(exc)[:160]}"
 
@@ -449,7 +454,7 @@ def run_canaries(progress: Progress = None, names: list[str] | None = None) -> d
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     selected = names or list(CANARIES)
-    detectors: list[Callable[[], str | None]] = []
+    detectors: list[Detector] = []
     for n in selected:
         for d in DETECTORS[n]:
             if d not in detectors:
@@ -458,7 +463,7 @@ def run_canaries(progress: Progress = None, names: list[str] | None = None) -> d
     failed: list[str] = []
     for d in detectors:
         tt = time.perf_counter()
-        found = _run(d)
+        found = _run(d, None)
         checks[d.__name__] = {"ok": found is None, "detail": found,
                               "seconds": round(time.perf_counter() - tt, 2)}
         if found:
@@ -471,9 +476,9 @@ def run_canaries(progress: Progress = None, names: list[str] | None = None) -> d
         tt = time.perf_counter()
         row: dict[str, Any] = {"caught": False, "by": None, "evidence": None,
                                "doc": (CANARIES[n].__doc__ or "").strip()}
-        with CANARIES[n]():
+        with CANARIES[n]() as spec:
             for d in DETECTORS[n]:
-                found = _run(d)
+                found = _run(d, spec)
                 if found:
                     row.update(caught=True, by=d.__name__, evidence=found)
                     break

@@ -68,7 +68,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = "benchmarks/results/mutation-report.json"
-PACKAGES = {"spec", "allocator", "proofs", "kernels"}
+# Every pagedkv.X package that is folder X of the tree: a snapshot's run imports all of them
+# from the snapshot (a package left out would be imported from the working tree instead).
+PACKAGES = {"spec", "allocator", "proofs", "kernels", "engine", "testing", "cli"}
 
 KILLED, SURVIVED, EQUIV, TIMEOUT, ERROR = "killed", "survived", "equivalent", "timeout", "error"
 PENDING = "pending"  # not run yet (a report written while the run goes on)

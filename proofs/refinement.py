@@ -10,9 +10,9 @@ pool directly with arguments that break a guard and expect the typed error.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import event, note
 from hypothesis import strategies as st
@@ -40,6 +40,7 @@ from pagedkv.spec import (
     RECLAIMED,
     REFERENCED,
     WATERMARK,
+    Transition,
     initial_state,
     launch_ids,
     live_instances,
@@ -48,6 +49,7 @@ from pagedkv.spec import (
     violations,
 )
 from pagedkv.spec.calls import CallRefused, run_call
+from pagedkv.spec.request_spec import as_request_spec
 from pagedkv.spec.requests import count, summary, tables
 
 from .call_refinement import CallModel
@@ -89,6 +91,15 @@ class Expect:
 
 
 class AllocatorMachine(RuleBasedStateMachine):
+    # The pool transitions the allocator enforces and the machine's model runs (None: the spec
+    # as written); ``for_spec`` makes a machine over a changed one (the canaries' weakened
+    # guards), with nothing patched.
+    spec: ClassVar[Mapping[str, Transition] | None] = None
+
+    @classmethod
+    def for_spec(cls, spec: Mapping[str, Transition] | None) -> type[AllocatorMachine]:
+        return type(f"{cls.__name__}ForSpec", (cls,), {"spec": spec})
+
     def __init__(self) -> None:
         super().__init__()
         self.alloc: BlockAllocator | None = None
@@ -102,12 +113,13 @@ class AllocatorMachine(RuleBasedStateMachine):
     )
     def setup(self, num_blocks: int, block_size: int, prefix_caching: bool, checked: bool):
         self.alloc = BlockAllocator(
-            num_blocks, block_size, prefix_caching=prefix_caching, checked=checked
+            num_blocks, block_size, prefix_caching=prefix_caching, checked=checked,
+            spec=self.spec,
         )
         self.alloc.pool.trace = []
         self.B = block_size
         self.model = initial_state(num_blocks, block_size)
-        self.calls = CallModel(self.alloc)
+        self.calls = CallModel(self.alloc, as_request_spec(self.spec))
         self.expect: dict[str, Expect] = {}
         self.launches: list[Any] = []
         self.events: dict[int, FakeEvent] = {}
@@ -126,7 +138,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                 self.model = self.model.replace(
                     holder_ids=tuple(self.model.holder_ids) + (params["r"],)
                 )
-            post = step(self.model, name, **params)
+            post = step(self.model, name, self.spec, **params)
             assert post is not None, f"{name}{params}: the spec's guard does not hold"
             self.model = post
             if name == "close_holder":
@@ -359,7 +371,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert freed >= 0
         state = self.calls.state
         for launch in done:  # reclaim() is the completion of each launch whose event is done
-            state = run_call(state, "complete", launch.seq, list(launch.writes)).state
+            state = run_call(state, "complete", launch.seq, list(launch.writes),
+                             spec=self.calls.spec).state
         self.calls.expect_state(state, "reclaim()")
         _event("event_fires: " + ("recycled after late completion" if freed else "no recycle"))
         self._replay()
@@ -576,7 +589,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             b = data.draw(st.integers(0, self.alloc.num_blocks - 1))
         name = data.draw(st.sampled_from(["evict", "recycle"]))
         call = getattr(self.alloc.pool, name)
-        if step(self.model, name, b=b) is None:
+        if step(self.model, name, self.spec, b=b) is None:
             self._refused(lambda: call(b), AllocatorError)
             _event(f"pool.{name}: refused")
         else:
@@ -690,9 +703,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert counts["occupancy_blocks"] == sum(self._table_len(r) for r in self.expect)
         # Reclamation is eager: the watermark is as far as the spec lets it go, and every
         # block the spec lets recycle is FREE (nothing waits longer than its readers).
-        assert step(m, "advance") is None, "the watermark lags behind completed launches"
+        assert step(m, "advance", self.spec) is None, "the watermark lags behind completed launches"
         stuck = [b for b in m.block_ids
-                 if m.state[b] == RECLAIMED and step(m, "recycle", b=b) is not None]
+                 if m.state[b] == RECLAIMED and step(m, "recycle", self.spec, b=b) is not None]
         assert not stuck, f"blocks {stuck} could be recycled but are not"
         note(f"counts={counts}")
 

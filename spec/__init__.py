@@ -5,6 +5,7 @@ from .invariants import INVARIANTS, PROPERTIES, Invariant
 from .model import BLOCK_FIELDS, PoolState, initial_state, states_equal
 from .ops import CONCRETE, Arr, ConcreteOps, Overlay, Z3Ops, flatten
 from .request_invariants import REQUEST_INVARIANTS
+from .request_spec import REQUEST_SPEC, RequestSpec
 from .requests import REQUEST_TRANSITIONS, RequestState, initial_request_state, request_step
 from .states import (
     ALL_STATES,
@@ -29,7 +30,8 @@ __all__ = [
     "NO_HASH", "WATERMARK",
     "Overlay",
     "PROPERTIES", "PUBLISHED", "PoolState", "RECLAIMED", "REFERENCED", "TRANSITIONS",
-    "REQUEST_INVARIANTS", "REQUEST_TRANSITIONS", "RequestState", "initial_request_state",
+    "REQUEST_INVARIANTS", "REQUEST_SPEC", "REQUEST_TRANSITIONS", "RequestSpec", "RequestState",
+    "initial_request_state",
     "request_step", "request_violations", "Transition", "Z3Ops", "flatten", "initial_state",
     "launch_ids", "live_instances",
     "slots_written",

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from .explain import failed_conditions, failed_table_conditions
 from .ops import CONCRETE
-from .requests import REQUEST_TRANSITIONS, RequestState, count, table_of
+from .request_spec import REQUEST_SPEC, RequestSpec
+from .requests import RequestState, count, table_of
 from .states import (
     ALLOCATED,
     FREE,
@@ -37,7 +38,7 @@ from .states import (
     PUBLISHED,
     RECLAIMED,
 )
-from .transitions import TRANSITIONS, takeable
+from .transitions import takeable
 
 
 class CallRefused(Exception):
@@ -72,17 +73,18 @@ first_fit = FirstFit()
 
 
 # --- saying why a step is refused ----------------------------------------------------------------
-def why_refused(s: RequestState, name: str, **params: Any) -> str:
+def why_refused(s: RequestState, name: str, spec: RequestSpec = REQUEST_SPEC,
+                **params: Any) -> str:
     """Which of a request transition's conditions fail on s, in words: the table's own, or
     those of the first pool step whose guard fails (``spec.explain``)."""
-    t = REQUEST_TRANSITIONS[name]
+    t = spec.transitions[name]
     failed = failed_table_conditions(t.plan, s, **params)
     if failed:
         return f"{name}: " + "; ".join(failed)
     _, steps, _ = t.plan(CONCRETE, s, **params)
     pool = s.pool
     for step_name, step_params, when in steps:
-        pt = TRANSITIONS[step_name]
+        pt = spec.pool[step_name]
         if when is True or when:
             if not pt.guard(CONCRETE, pool, **step_params):
                 words = failed_conditions(pt.guard, pool, **step_params)
@@ -101,6 +103,7 @@ class CallRun:
     chooser: Chooser = first_fit
     prefix_caching: bool = True
     flatten: bool = True  # False: keep post-states as overlays (on a view of a runtime)
+    spec: RequestSpec = REQUEST_SPEC
     steps: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     result: Any = None
 
@@ -110,12 +113,12 @@ class CallRun:
 
     def step(self, name: str, **params: Any) -> None:
         s = self.state
-        t = REQUEST_TRANSITIONS[name]
+        t = self.spec.transitions[name]
         if name in ("admit", "fork_open") and params["r"] not in s.pool.holder_ids:
             s = s.replace(pool=s.pool.replace(holder_ids=(*s.pool.holder_ids, params["r"])))
         post = t.fire(s, **params)
         if post is None:
-            raise CallRefused(why_refused(s, name, **params), step=(name, params))
+            raise CallRefused(why_refused(s, name, self.spec, **params), step=(name, params))
         s = post
         if self.flatten:
             s = s.flattened()
@@ -126,7 +129,7 @@ class CallRun:
         self.steps.append((name, params))
 
     def enabled(self, name: str, **params: Any) -> bool:
-        return REQUEST_TRANSITIONS[name].fire(self.state, **params) is not None
+        return self.spec.transitions[name].fire(self.state, **params) is not None
 
     def take(self, why: str) -> int:
         """A block for an allocation: the chooser's, after the evictions it asks for."""
@@ -153,18 +156,19 @@ class CallRun:
 
 
 def run_call(s: RequestState, call: str, *args: Any, chooser: Chooser = first_fit,
-             prefix_caching: bool = True) -> CallRun:
-    """Run call ``call`` (a name of ``CALLS``) on s: the finished run, or CallRefused."""
-    run = CallRun(s, chooser, prefix_caching)
+             prefix_caching: bool = True, spec: RequestSpec = REQUEST_SPEC) -> CallRun:
+    """Run call ``call`` (a name of ``CALLS``) on s: the finished run, or CallRefused.
+    ``spec``: the request layer to run it in (a changed one is passed here, not patched)."""
+    run = CallRun(s, chooser, prefix_caching, spec=spec)
     CALLS[call](run, *args)
     return run
 
 
-def call_allowed(s: RequestState, call: str, *args: Any, prefix_caching: bool = True
-                 ) -> CallRun | CallRefused:
+def call_allowed(s: RequestState, call: str, *args: Any, prefix_caching: bool = True,
+                 spec: RequestSpec = REQUEST_SPEC) -> CallRun | CallRefused:
     """The run with the spec's own block choices, or why the call cannot run at all."""
     try:
-        return run_call(s, call, *args, prefix_caching=prefix_caching)
+        return run_call(s, call, *args, prefix_caching=prefix_caching, spec=spec)
     except CallRefused as exc:
         return exc
 
@@ -217,9 +221,10 @@ def take_hits(run: CallRun, r: Hashable) -> int:
     return n
 
 
-def cached_prefix(s: RequestState, r: Hashable, prefix_caching: bool = True) -> int:
+def cached_prefix(s: RequestState, r: Hashable, prefix_caching: bool = True,
+                  spec: RequestSpec = REQUEST_SPEC) -> int:
     """Positions an admission of the open, empty request r would take from the cache now."""
-    run = CallRun(s, first_fit, prefix_caching)
+    run = CallRun(s, first_fit, prefix_caching, spec=spec)
     return take_hits(run, r) * run.B
 
 

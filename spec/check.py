@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from .model import PoolState
 from .ops import CONCRETE, Arr, ConcreteOps, Overlay, flatten
 from .request_invariants import REQUEST_INVARIANTS
 from .requests import RequestState
-from .transitions import TRANSITIONS
+from .transitions import TRANSITIONS, Transition
 
 
 def hash_ids(s: PoolState) -> set[Any]:
@@ -156,9 +156,11 @@ def _live(inv: Invariant, s: Any, points: Iterable[tuple[Any, ...]]) -> int:
     return n
 
 
-def step(s: PoolState, name: str, **params: Any) -> PoolState | None:
-    """Run one transition on a concrete model: the post-state, or None if the guard fails."""
-    t = TRANSITIONS[name]
+def step(s: PoolState, name: str, transitions: Mapping[str, Transition] | None = None,
+         **params: Any) -> PoolState | None:
+    """Run one transition on a concrete model: the post-state, or None if the guard fails.
+    ``transitions``: the spec to run it in (default ``spec.TRANSITIONS``)."""
+    t = (TRANSITIONS if transitions is None else transitions)[name]
     if not t.guard(CONCRETE, s, **params):
         return None
     return t.effect(CONCRETE, s, **params).flattened()

@@ -27,15 +27,15 @@ The pool invariants therefore hold in the request layer too; the table invariant
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .model import ARRAY_FIELDS as POOL_FIELDS
 from .model import PoolState
 from .ops import CONCRETE, Arr, flatten
 from .states import ALLOCATED, ISSUED, NO_HASH, PUBLISHED, REFERENCED
-from .transitions import PARAM_KINDS, TRANSITIONS, slots_written
+from .transitions import PARAM_KINDS, TRANSITIONS, Transition, slots_written
 
 NO_SLOT = -1
 POSITIONS = ("reserved", "issued", "computed", "known")
@@ -168,16 +168,18 @@ def commit_bounds(ops: Any, new: tuple[Any, Any], issued: tuple[Any, Any],
 
 
 def leading_hits(chain: Sequence[int], known: int, B: int,
-                 lookup: Callable[[int], Any | None], start: int = 0) -> list[Any]:
+                 lookup: Callable[[int], Any | None], start: int = 0,
+                 rule: Callable[..., Any] = may_hit) -> list[Any]:
     """Concrete, for runtimes: what ``lookup`` (a chain value -> a cached block, or None)
     finds for a table's entries ``start``, ``start + 1``, ..., while each entry may be a hit
-    (``may_hit``, on ``known`` token ids) and is found. ``chain``: the request's chain values
-    of its full blocks. ``spec.calls.take_hits`` takes these blocks on an empty table."""
+    (``rule``: ``may_hit`` unless a ``RequestSpec`` passes its own, on ``known`` token ids)
+    and is found. ``chain``: the request's chain values of its full blocks.
+    ``spec.calls.take_hits`` takes these blocks on an empty table."""
     known_pos = divmod(known, B)
     # may_hit holds for a prefix of the entries (its bound grows with i): find where it ends
     # from the top, where at most the last full block is not a hit.
     limit = len(chain)
-    while limit > start and not may_hit(CONCRETE, limit - 1, known_pos):
+    while limit > start and not rule(CONCRETE, limit - 1, known_pos):
         limit -= 1
     out: list[Any] = []
     for i in range(start, limit):
@@ -197,12 +199,16 @@ def _merge(ops: Any, when: Any, post: PoolState, pre: PoolState) -> PoolState:
                           for f in POOL_FIELDS})
 
 
-def run_steps(ops: Any, pool: PoolState, steps: Sequence[Step]) -> tuple[list[Any], PoolState]:
+def run_steps(ops: Any, pool: PoolState, steps: Sequence[Step],
+              transitions: Mapping[str, Transition] | None = None
+              ) -> tuple[list[Any], PoolState]:
     """Each step's guard on the state the steps before it left, and the final pool state. A
-    step with a ``when`` condition runs only when it holds (its guard is then required)."""
+    step with a ``when`` condition runs only when it holds (its guard is then required).
+    ``transitions``: the pool transitions the steps name (default ``spec.TRANSITIONS``)."""
+    transitions = TRANSITIONS if transitions is None else transitions
     guards: list[Any] = []
     for name, params, when in steps:
-        t = TRANSITIONS[name]
+        t = transitions[name]
         g = t.guard(ops, pool, **params)
         post = t.effect(ops, pool, **params)
         guards.append(g if when is True else ops.Implies(when, g))
@@ -221,15 +227,18 @@ class RequestTransition:
     params: tuple[str, ...]
     plan: Callable[..., Plan]
     doc: str
+    # The pool transitions its steps name: spec.TRANSITIONS itself unless a RequestSpec says.
+    pool: Mapping[str, Transition] = field(default_factory=lambda: TRANSITIONS, compare=False,
+                                           repr=False)
 
     def guard(self, ops: Any, s: RequestState, **params: Any) -> Any:
         conds, steps, _ = self.plan(ops, s, **params)
-        guards, _ = run_steps(ops, s.pool, steps)
+        guards, _ = run_steps(ops, s.pool, steps, self.pool)
         return ops.And(*conds, *guards)
 
     def effect(self, ops: Any, s: RequestState, **params: Any) -> RequestState:
         _, steps, finish = self.plan(ops, s, **params)
-        _, pool = run_steps(ops, s.pool, steps)
+        _, pool = run_steps(ops, s.pool, steps, self.pool)
         return finish(pool)
 
     def fire(self, s: RequestState, **params: Any) -> RequestState | None:
@@ -245,7 +254,7 @@ class RequestTransition:
         for name, p, when in steps:
             if not when:
                 continue
-            t = TRANSITIONS[name]
+            t = self.pool[name]
             if not t.guard(CONCRETE, pool, **p):
                 return None
             pool = t.effect(CONCRETE, pool, **p)
@@ -601,9 +610,14 @@ REQUEST_TRANSITIONS: dict[str, RequestTransition] = {
     )
 }
 
-def request_step(s: RequestState, name: str, **params: Any) -> RequestState | None:
-    """Run one request transition concretely: the post-state, or None if the guard fails."""
-    post = REQUEST_TRANSITIONS[name].fire(s, **params)
+
+def request_step(s: RequestState, name: str,
+                 transitions: Mapping[str, RequestTransition] | None = None,
+                 **params: Any) -> RequestState | None:
+    """Run one request transition concretely: the post-state, or None if the guard fails.
+    ``transitions``: a ``RequestSpec``'s (default ``REQUEST_TRANSITIONS``, the spec as
+    written)."""
+    post = (REQUEST_TRANSITIONS if transitions is None else transitions)[name].fire(s, **params)
     return None if post is None else post.flattened()
 
 

@@ -1,7 +1,7 @@
 """Each headline safety guard is load-bearing: weaken it and the stateful test finds the
-violation. (The guard objects are looked up in ``spec.TRANSITIONS`` at call time, so
-replacing an entry changes the runtime allocator and the test's model alike; the failure must
-then come from the invariants and the typed-error expectations.)"""
+violation. (The weakened spec is passed in, ``AllocatorMachine.for_spec``: the allocator
+enforces it and the test's model runs it alike, so the failure must come from the invariants
+and the typed-error expectations.)"""
 
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ WEAKENED = {
 
 
 @pytest.mark.parametrize("name", sorted(WEAKENED))
-def test_weakened_guard_is_caught(monkeypatch, name):
+def test_weakened_guard_is_caught(name):
     guard, evidence = WEAKENED[name]
-    monkeypatch.setitem(TRANSITIONS, name, dataclasses.replace(TRANSITIONS[name], guard=guard))
-    text = failure_text()
+    weakened = dict(TRANSITIONS, **{name: dataclasses.replace(TRANSITIONS[name], guard=guard)})
+    text = failure_text(AllocatorMachine.for_spec(weakened))
     assert text, f"weakening {name}'s guard went unnoticed"
     assert any(word in text for word in evidence), text[-3000:]

@@ -40,8 +40,9 @@ def test_planting_is_undone(name):
     from pagedkv.allocator.pool import BlockPool
 
     funcs = (BlockPool.share, table.slot_mapping, hashing.frame)
-    with CANARIES[name]():
-        pass
+    with CANARIES[name]() as spec:
+        assert TRANSITIONS == before  # a changed spec is passed in, never planted
+        assert spec is None or (set(spec) == set(before) and spec != before)
     assert TRANSITIONS == before
     assert all(TRANSITIONS[k] is before[k] for k in before)
     assert (BlockPool.share, table.slot_mapping, hashing.frame) == funcs
@@ -50,7 +51,7 @@ def test_planting_is_undone(name):
 def test_a_detector_failing_on_the_baseline_makes_the_run_not_ok(monkeypatch):
     from pagedkv.proofs import canaries
 
-    def always(): return "always fails"
+    def always(spec): return "always fails"
 
     always.__name__ = "always"
     monkeypatch.setitem(canaries.DETECTORS, "slot_mapping_off_by_one", [always])

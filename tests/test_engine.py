@@ -65,7 +65,7 @@ EXPECTED_SIGNATURES = {
         "(self, num_blocks: 'int', block_size: 'int', enable_caching: 'bool' = True, "
         "checked: 'bool' = True, *, log_stats: 'bool' = True, "
         "enable_kv_cache_events: 'bool' = False, watermark: 'float' = 0.0, "
-        "null_block: 'bool' = True) -> 'None'"),
+        "null_block: 'bool' = True, spec: 'RequestSpec | None' = None) -> 'None'"),
     "KVCacheManager.get_computed_blocks": (
         "(self, request: 'EngineRequest', max_cache_hit_length: 'int | None' = None) "
         "-> 'tuple[KVCacheBlocks, int, int]'"),

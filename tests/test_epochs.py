@@ -214,25 +214,25 @@ def _without_retire_stamp():
     return dataclasses.replace(t, effect=effect)
 
 
-def test_release_without_the_stamp_lets_the_spec_reuse_a_block_under_its_reader(monkeypatch):
+def test_release_without_the_stamp_lets_the_spec_reuse_a_block_under_its_reader():
     """On the spec itself: block 0, held when launch 0 was published, is let go while launch 0
     is in flight. With the stamp, recycle is refused until launch 0 completes; without it,
     the block goes FREE and is allocated again while launch 0 may still read it."""
 
-    def reused_while_launch_0_reads():
+    def reused_while_launch_0_reads(spec):
         s = initial_state(1, 1, ("r", "q"))
         for name, kw in [("open_holder", {"r": "r"}), ("open_holder", {"r": "q"}),
                          ("allocate", {"b": 0, "r": "r"}), ("publish", {"b": 0, "r": "r"}),
                          ("launch", {"L": 0}), ("release", {"b": 0, "r": "r"})]:
-            s = step(s, name, **kw)
+            s = step(s, name, spec, **kw)
             assert s is not None, name
         assert s.inflight[0] and s.state[0] == RECLAIMED
-        s = step(s, "recycle", b=0)
-        return s is not None and step(s, "allocate", b=0, r="q") is not None
+        s = step(s, "recycle", spec, b=0)
+        return s is not None and step(s, "allocate", spec, b=0, r="q") is not None
 
-    assert not reused_while_launch_0_reads()
-    monkeypatch.setitem(TRANSITIONS, "release", _without_retire_stamp())
-    assert reused_while_launch_0_reads()  # the defect: nothing in the spec stops it now
+    assert not reused_while_launch_0_reads(TRANSITIONS)
+    # the defect: nothing in the spec stops it now
+    assert reused_while_launch_0_reads(dict(TRANSITIONS, release=_without_retire_stamp()))
 
 
 @pytest.mark.parametrize("compiled", [True, False])

@@ -107,6 +107,31 @@ def test_mutant_is_imported_without_touching_disk():
     assert path.read_bytes() == before
 
 
+def test_every_package_of_the_tree_is_imported_from_the_snapshot(tmp_path):
+    """A run on a snapshot (``--rev``) must import every pagedkv package from it: one imported
+    from the working tree instead mixes two versions of the code (an engine module newer than
+    the snapshot's spec, say)."""
+    import tomllib
+
+    dirs = tomllib.loads((mt.REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"]
+    own = {name.split(".")[1] for name, folder in dirs.items()
+           if name.count(".") == 1 and folder == name.split(".")[1]}
+    assert own == mt.PACKAGES
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "__init__.py").write_text("WHERE = 'snapshot'\n")
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from pagedkv.proofs import mutation as mt
+        mt.install(Path({str(tmp_path)!r}))
+        import pagedkv.engine
+        print(pagedkv.engine.WHERE)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["snapshot"]
+
+
 def test_summary_markdown_and_loader(tmp_path):
     ms = _sample_mutants(tmp_path)[:4]
     for m, status in zip(ms, (mt.KILLED, mt.TIMEOUT, mt.EQUIV, mt.SURVIVED), strict=True):
