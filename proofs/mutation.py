@@ -247,6 +247,13 @@ EQUIVALENT: dict[str, str] = {
        f"max(tokens) > _I64_MAX): -> if tokens and ({new}):": _RANGE_RECHECK
        for new in ("min(tokens) <= _I64_MIN or max(tokens) > _I64_MAX",
                    "min(tokens) < _I64_MIN or max(tokens) >= _I64_MAX")},
+    **{f"allocator/table.py:check_count:{op}:if type(value) is int and 0 <= value <= maximum:  "
+       f"# the common case: nothing to convert -> if type(value) is int and {new}:  # the "
+       f"common case: nothing to convert":
+       "fast path for a plain int: a value at a bound it no longer lets through takes the "
+       "general path, which accepts it (0 and maximum are in range) and returns the same int"
+       for op, new in (("int+1", "1 <= value <= maximum"), ("cmp", "0 < value <= maximum"),
+                       ("cmp", "0 <= value < maximum"))},
     **{f"allocator/pool.py:begin_write:{op}:if type(w) is not int or not 0 <= w <= "
        f"self.block_size: -> if type(w) is not int or not {new} self.block_size:": _FAST_COUNT
        for op, new in (("int+1", "1 <= w <="), ("cmp", "0 < w <="), ("cmp", "0 <= w <"))},

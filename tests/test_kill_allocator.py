@@ -306,3 +306,60 @@ def test_completed_launches_leave_the_inflight_set():
     assert a.inflight == (launch,) and a.stats()["inflight_launches"] == 1
     launch.complete()
     assert a.inflight == () and a.stats()["inflight_launches"] == 0
+
+
+@pytest.mark.parametrize("let_go_again", [True, False])
+def test_a_stale_retire_entry_is_not_counted_as_room_a_completion_would_make(let_go_again):
+    """Block 0 is retired at clock 2 (launch 1 reads it), then revived by y's hit: held by y,
+    or let go again and retired at 3 (launch 2 reads it). Either way its entry at 2 is stale:
+    completing launch 1 (the watermark moves to 2) makes no room of block 0, and an allocation
+    that needs it is refused with nothing changed (launch 1 not reclaimed either)."""
+    a = BlockAllocator(4, 2)
+    a.add_request("w", [1, 2, 3])
+    step(a, "w", 3)  # launch 0: block 0 full and cached, block 1 partial
+    first = a.publish(["w"])  # launch 1 reads blocks 0 and 1
+    a.free("w")  # block 0 CACHED and busy, block 1 RECLAIMED: both retired at 2
+    a.add_request("y", [1, 2, 3])
+    a.allocate("y", 3)  # the hit revives block 0; block 2 is new
+    if let_go_again:
+        a.publish(["y"])  # launch 2, left in flight
+        a.free("y")  # blocks 0 and 2 retired at 3
+    first.record(_Done())  # launch 1 finished, not yet reclaimed
+    assert a.pool.usable() == 1  # block 3; launch 1 would release block 1 only
+    a.add_request("z", [7, 8, 9, 10, 11])
+    before = snap(a)
+    with pytest.raises(OutOfBlocks):
+        a.allocate("z", 5)  # 3 blocks: 1 free + 1 released by launch 1 is not enough
+    unchanged(a, before)
+    assert not first.completed
+    a.check_invariants()
+
+
+@pytest.mark.parametrize("field", ["blocks", "gens"])
+def test_check_invariants_catches_launch_rows_that_differ_from_the_table(field):
+    """The int32 rows launches copy their block tables from must match each table (block ids
+    and generations): a stale row would hand kernels another request's blocks."""
+    from pagedkv.allocator import InvariantViolation
+
+    a = BlockAllocator(6, 2)
+    a.add_request("r", [1, 2, 3])
+    a.allocate("r", 3)
+    a.check_invariants()
+    row = a._requests["r"].row
+    getattr(a._rows, field)[row, 1] += 1
+    with pytest.raises(InvariantViolation, match="launch rows of 'r' differ"):
+        a.check_invariants()
+
+
+def test_a_confirmed_refusal_keeps_one_message_with_the_spec_s_reason():
+    from pagedkv.allocator import CommitError
+
+    a = BlockAllocator(4, 2)
+    a.add_request("r", [1, 2, 3])
+    a.allocate("r", 3)
+    a.publish(["r"])  # in flight: nothing written yet
+    with pytest.raises(CommitError) as info:
+        a.commit("r", 2)
+    exc = info.value
+    assert exc.args == (str(exc),)
+    assert str(exc).count("(spec: ") == 1 and str(exc).endswith(f"(spec: {exc.spec_reason})")
