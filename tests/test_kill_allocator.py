@@ -363,3 +363,29 @@ def test_a_confirmed_refusal_keeps_one_message_with_the_spec_s_reason():
     exc = info.value
     assert exc.args == (str(exc),)
     assert str(exc).count("(spec: ") == 1 and str(exc).endswith(f"(spec: {exc.spec_reason})")
+
+
+def test_step_level_pairs_map_each_value_to_its_own_request():
+    """Integer request ids that are also valid values: each value goes to the id beside it."""
+    a = BlockAllocator(8, 2)
+    for rid in (3, 5):
+        a.add_request(rid, [1, 2, 3, 4, 5])
+        a.allocate(rid, 1)
+    a.allocate_many([(3, 5), (5, 3)])
+    assert (a.num_reserved(3), a.num_reserved(5)) == (5, 3)
+
+
+@pytest.mark.parametrize("pair", ["rn", ("r", 3, 9), ["r"]])
+@pytest.mark.parametrize("call", ["allocate_many", "commit_many"])
+def test_step_level_calls_take_only_pairs(pair, call):
+    """A 2-character string, a triple and a 1-list are not (request id, value) pairs, even
+    where their first item names a request."""
+    from pagedkv.allocator import InvalidArgument
+
+    a = BlockAllocator(4, 2)
+    a.add_request("r", [1, 2, 3])
+    a.allocate("r", 1)
+    before = snap(a)
+    with pytest.raises(InvalidArgument, match=r"takes \(request id, value\) pairs"):
+        getattr(a, call)([pair])
+    unchanged(a, before)
