@@ -375,11 +375,11 @@ def test_step_level_pairs_map_each_value_to_its_own_request():
     assert (a.num_reserved(3), a.num_reserved(5)) == (5, 3)
 
 
-@pytest.mark.parametrize("pair", ["rn", ("r", 3, 9), ["r"]])
+@pytest.mark.parametrize("pair", ["rn", ("r", 3, 9), ["r"], ("r",)])
 @pytest.mark.parametrize("call", ["allocate_many", "commit_many"])
 def test_step_level_calls_take_only_pairs(pair, call):
-    """A 2-character string, a triple and a 1-list are not (request id, value) pairs, even
-    where their first item names a request."""
+    """A 2-character string, a triple, a 1-list and a 1-tuple are not (request id, value)
+    pairs, even where their first item names a request."""
     from pagedkv.allocator import InvalidArgument
 
     a = BlockAllocator(4, 2)
