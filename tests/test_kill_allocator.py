@@ -389,3 +389,12 @@ def test_step_level_calls_take_only_pairs(pair, call):
     with pytest.raises(InvalidArgument, match=r"takes \(request id, value\) pairs"):
         getattr(a, call)([pair])
     unchanged(a, before)
+
+
+def test_step_level_pairs_may_be_lists():
+    a = BlockAllocator(8, 2)
+    for rid in ("r", "s"):
+        a.add_request(rid, [1, 2, 3, 4, 5])
+        a.allocate(rid, 1)
+    a.allocate_many([["r", 3], ("s", 5)])
+    assert (a.num_reserved("r"), a.num_reserved("s")) == (3, 5)
