@@ -248,12 +248,14 @@ EQUIVALENT: dict[str, str] = {
        for new in ("min(tokens) <= _I64_MIN or max(tokens) > _I64_MAX",
                    "min(tokens) < _I64_MIN or max(tokens) >= _I64_MAX")},
     **{f"allocator/allocator.py:publish:{op}:if reserved <= (i + 1) * B:  # one block written "
-       f"(a decode step): no split needed -> if reserved <= ({new}) * B:  # one block written "
+       f"(a decode step): no split needed -> if {new} * B:  # one block written "
        f"(a decode step): no split needed":
-       "fast path for a write within one block: reserved > issued >= i * B, so the mutated "
-       "test never holds and every write takes writes_per_block, which returns the same one "
-       "(block, count) pair for a write within block i"
-       for op, new in (("int-1", "i + 0"), ("arith", "i - 1"))},
+       "fast path for a write within one block: a write the mutated test sends on (every "
+       "one, as reserved > issued >= i * B; or one ending at the block's end) takes "
+       "writes_per_block, which returns the same one (block, count) pair for a write within "
+       "block i"
+       for op, new in (("int-1", "reserved <= (i + 0)"), ("arith", "reserved <= (i - 1)"),
+                       ("cmp", "reserved < (i + 1)"))},
     **{f"allocator/table.py:check_count:{op}:if type(value) is int and 0 <= value <= maximum:  "
        f"# the common case: nothing to convert -> if type(value) is int and {new}:  # the "
        f"common case: nothing to convert":
