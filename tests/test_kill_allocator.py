@@ -398,3 +398,36 @@ def test_step_level_pairs_may_be_lists():
         a.allocate(rid, 1)
     a.allocate_many([["r", 3], ("s", 5)])
     assert (a.num_reserved("r"), a.num_reserved("s")) == (3, 5)
+
+
+def test_publish_marks_the_table_published_so_a_step_looks_only_at_new_entries():
+    """A launch's cost is O(entries added since the last one): the published mark follows the
+    table, and the next publish starts from it."""
+    a = BlockAllocator(16, 2)
+    a.add_request("r", list(range(20)))
+    a.allocate("r", 20)
+    a.publish(["r"]).complete()
+    assert a._requests["r"].published == 10
+    a.commit("r", 20)
+    a.append_tokens("r", [7])
+    a.allocate("r", 21)
+    a.publish(["r"]).complete()
+    assert a._requests["r"].published == 11
+
+
+def test_a_shared_partial_block_is_copied_only_by_the_request_that_writes_it():
+    """Parent and child share a partial block; only the child writes it in this launch: the
+    child copies, the parent (published beside it, writing nothing) keeps its table."""
+    a = BlockAllocator(8, 2)
+    a.add_request("p", [1, 2, 3])
+    step(a, "p", 3)  # block 0 full, block 1 partial
+    a.fork("p", "c")
+    a.append_tokens("c", [4])
+    a.allocate("c", 4)
+    before = a.block_table("p")
+    launch = a.publish(["p", "c"])
+    assert a.block_table("p") == before
+    assert len(launch.copies) == 1 and launch.copies[0][0] == before[1]
+    assert a.block_table("c") == [before[0], launch.copies[0][1]]
+    launch.complete()
+    a.check_invariants()
