@@ -431,3 +431,19 @@ def test_a_shared_partial_block_is_copied_only_by_the_request_that_writes_it():
     assert a.block_table("c") == [before[0], launch.copies[0][1]]
     launch.complete()
     a.check_invariants()
+
+
+def test_one_writer_of_a_block_three_requests_share_needs_one_block_for_its_copy():
+    a = BlockAllocator(4, 2)
+    a.add_request("p", [1, 2, 3])
+    step(a, "p", 3)  # blocks 0 (full) and 1 (partial)
+    a.fork("p", "c1")
+    a.fork("p", "c2")  # block 1 held three times
+    a.add_request("q", [9])
+    a.allocate("q", 1)  # one FREE block left
+    a.append_tokens("c1", [4])
+    a.allocate("c1", 4)
+    launch = a.publish(["c1"])  # its copy takes the last FREE block
+    assert len(launch.copies) == 1 and a.stats()["free"] == 0
+    launch.complete()
+    a.check_invariants()
