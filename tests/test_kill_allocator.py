@@ -447,3 +447,32 @@ def test_one_writer_of_a_block_three_requests_share_needs_one_block_for_its_copy
     assert len(launch.copies) == 1 and a.stats()["free"] == 0
     launch.complete()
     a.check_invariants()
+
+
+def test_entries_regrown_after_a_truncation_are_published_by_the_next_launch():
+    from pagedkv.spec import PUBLISHED
+
+    a = BlockAllocator(8, 2)
+    a.add_request("r", [1, 2, 3, 4, 5, 6])
+    a.allocate("r", 6)
+    a.publish(["r"]).complete()  # 3 entries published, none committed
+    a.truncate("r", 2)  # speculative positions rejected: one entry kept
+    a.append_tokens("r", [7, 8, 9, 10])
+    a.allocate("r", 6)  # two new entries
+    launch = a.publish(["r"])
+    assert [a.state(b) for b in a.block_table("r")] == [PUBLISHED] * 3
+    launch.complete()
+    a.check_invariants()
+
+
+def test_a_freed_request_s_launch_row_is_reused():
+    """Rows of the launch tables belong to live requests only: add and free many requests,
+    the rows stay as many as were ever live at once."""
+    a = BlockAllocator(8, 2)
+    rows = a._rows.blocks.shape[0]
+    for i in range(5 * rows):
+        a.add_request(i, [1, 2, 3])
+        a.allocate(i, 3)
+        a.free(i)
+    assert a._rows.blocks.shape[0] == rows
+    a.check_invariants()
