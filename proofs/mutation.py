@@ -260,6 +260,12 @@ EQUIVALENT: dict[str, str] = {
         "other table holds written slots of (fork shares only entries the parent issued into, "
         "giving the child a fresh block for the rest; hits are full blocks), so it is never in "
         "holders and the dropped test changes nothing",
+    **{f"allocator/allocator.py:append_tokens_many:{op}:if (len(req.hashes) + 1) * B <= "
+       f"len(req.tokens):  # a block filled: hash it -> if (len(req.hashes) {new}) * B <= "
+       f"len(req.tokens):  # a block filled: hash it":
+       "pre-check before _extend_hashes, whose loop tests the unmutated condition itself: "
+       "the mutant only calls it more often, and it hashes exactly the blocks filled"
+       for op, new in (("arith", "- 1"), ("int-1", "+ 0"))},
     **{f"allocator/allocator.py:publish:{op}:if reserved <= (i + 1) * B:  # one block written "
        f"(a decode step): no split needed -> if {new} * B:  # one block written "
        f"(a decode step): no split needed":
