@@ -260,6 +260,13 @@ EQUIVALENT: dict[str, str] = {
         "other table holds written slots of (fork shares only entries the parent issued into, "
         "giving the child a fresh block for the rest; hits are full blocks), so it is never in "
         "holders and the dropped test changes nothing",
+    "allocator/allocator.py:_grow:cmp:if need > 0:  # the queue's FREE head run in one batch "
+    "(as ``need`` takes would) -> if need >= 0:  # the queue's FREE head run in one batch (as "
+    "``need`` takes would)":
+        "need is never negative, and take_many(rid, 0) takes nothing and returns []",
+    "allocator/allocator.py:_grow:cmp:if len(table) > start: -> if len(table) >= start:":
+        "the table never shrinks here; with nothing added _put_rows copies an empty range "
+        "(start <= the row's width already) and the entry total grows by 0",
     **{f"allocator/allocator.py:append_tokens_many:{op}:if (len(req.hashes) + 1) * B <= "
        f"len(req.tokens):  # a block filled: hash it -> if (len(req.hashes) {new}) * B <= "
        f"len(req.tokens):  # a block filled: hash it":
