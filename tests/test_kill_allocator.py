@@ -476,3 +476,83 @@ def test_a_freed_request_s_launch_row_is_reused():
         a.free(i)
     assert a._rows.blocks.shape[0] == rows
     a.check_invariants()
+
+
+@pytest.mark.parametrize("pairs", [[("r", 3), ("r", 5)], [["r", 3], ["r", 5]]])
+def test_a_request_appears_once_in_a_step_level_call(pairs):
+    from pagedkv.allocator import InvalidArgument
+
+    a = BlockAllocator(8, 2)
+    a.add_request("r", [1, 2, 3, 4, 5])
+    a.allocate("r", 1)
+    before = snap(a)
+    with pytest.raises(InvalidArgument, match="appears twice"):
+        a.allocate_many(pairs)
+    unchanged(a, before)
+
+
+def _busy_cached_block_0(a, hold):
+    """Block 0 cached, retired at 2 while launch 1 reads it (its event done, not reclaimed);
+    block 1 RECLAIMED beside it; ``hold``: y revived block 0 by a hit and holds it."""
+    a.add_request("w", [1, 2, 3])
+    step(a, "w", 3)
+    first = a.publish(["w"])
+    a.free("w")
+    if hold:
+        a.add_request("y", [1, 2, 3])
+        a.allocate("y", 3)  # block 0 revived, block 2 new
+    first.record(_Done())
+    return first
+
+
+def test_a_hit_held_by_another_request_is_not_taken_off_the_room_completions_make():
+    a = BlockAllocator(4, 2)
+    _busy_cached_block_0(a, hold=True)
+    assert a.pool.usable() == 1  # block 3; launch 1 would release block 1
+    a.add_request("z", [1, 2, 3, 4, 5])
+    assert len(a.allocate("z", 5)) == 3  # the hit (block 0, y's) and 2 new blocks
+    a.check_invariants()
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_busy_hit_a_completion_makes_idle_is_revived_not_counted_as_room(extra):
+    """Block 0 is a hit launch 1 still reads: completing launch 1 would make it idle, but z
+    revives it, so the room is block 1 and the FREE blocks only."""
+    a = BlockAllocator(5, 2)
+    _busy_cached_block_0(a, hold=False)
+    assert a.pool.usable() == 3  # blocks 2, 3, 4
+    a.add_request("z", [1, 2] + list(range(10, 10 + 2 * (3 + extra))))
+    before = snap(a)
+    if extra:
+        with pytest.raises(OutOfBlocks):
+            a.allocate("z", 2 + 2 * 5)  # 5 new blocks: 3 FREE + block 1 is 4
+        unchanged(a, before)
+    else:
+        assert len(a.allocate("z", 2 + 2 * 4)) == 5  # the hit and 4 new blocks
+    a.check_invariants()
+
+
+def test_an_idle_hit_is_taken_off_the_room_once():
+    a = BlockAllocator(5, 2)
+    a.add_request("w", [1, 2, 3])
+    step(a, "w", 3)
+    a.free("w")  # block 0 idle CACHED, block 1 FREE
+    a.add_request("q", [9])
+    a.allocate("q", 1)
+    done = a.publish(["q"])
+    a.free("q")  # its block waits for the launch
+    done.record(_Done())
+    assert a.pool.usable() == 4  # blocks 0 (idle, the hit), 1, 3, 4
+    a.add_request("z", [1, 2] + list(range(10, 18)))
+    assert len(a.allocate("z", 10)) == 5  # the hit and 4 new: 3 FREE and q's block
+    a.check_invariants()
+
+
+def test_a_refusal_for_unknown_tokens_is_confirmed_by_the_spec():
+    a = BlockAllocator(4, 2)
+    a.add_request("r", [1, 2, 3])
+    a.allocate("r", 4)
+    a.publish(["r"]).complete()
+    with pytest.raises(TokensUnknown) as info:
+        a.commit("r", 4)
+    assert "(spec: " in str(info.value) and info.value.spec_reason
