@@ -42,9 +42,8 @@ class TraceChooser:
 
 class CallModel:
     """The request layer's state as the spec's programs leave it, checked against an
-    allocator after every call. ``spec``: the request layer the programs run in (the spec as
-    written unless a changed one is passed: an allocator given a changed spec is then checked
-    against the spec as written, which is what a canary needs)."""
+    allocator after every call. ``spec``: the request layer the programs run in; by default
+    the spec as written, so an allocator given a changed spec is checked against the real one."""
 
     def __init__(self, alloc: BlockAllocator, spec: RequestSpec = REQUEST_SPEC) -> None:
         self.alloc = alloc
