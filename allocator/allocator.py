@@ -404,6 +404,14 @@ class BlockAllocator:
 
     def _extend(self, req: _Request, num_tokens: Any) -> list[int]:
         """Plan the growth, reclaim what it needs, grow: the entries added."""
+        table = req.table
+        if table and type(num_tokens) is int and (
+                req.reserved <= num_tokens <= len(table) * self.block_size):
+            # A running request's growth within its table (most decode steps): no hit, no new
+            # block, nothing to reclaim; what _growth, _plan_room and _grow find then.
+            self._reserved_total += num_tokens - req.reserved
+            req.reserved = num_tokens
+            return []
         hits, reserved, need = self._growth(req, num_tokens)
         self._reclaim_launches(self._plan_room(need, hits))
         return self._grow(req, hits, reserved, need)
@@ -516,22 +524,26 @@ class BlockAllocator:
         commit only makes another's condition easier: it never un-writes a block). The
         spec's program is ``spec.calls.commit_many``: ``commit`` of each pair in order."""
         written = self.pool.predicate(self.spec.slots_written, ("b", "k"))
-        checked = [(req, self._commit_check(req, n, written))
+        bounds = position_rule(self.spec.commit_bounds, ("new", "issued", "known"))
+        checked = [(req, self._commit_check(req, n, written, bounds))
                    for req, n in self._batch(updates, "commit_many")]
         for req, n in checked:
             self._commit(req, n)
 
-    def _commit_check(self, req: _Request, num_tokens: Any, written: Any = None) -> int:
+    def _commit_check(self, req: _Request, num_tokens: Any, written: Any = None,
+                      bounds: Any = None) -> int:
         """``num_tokens`` as an int if req may commit that far now; CommitError (or
-        TokensUnknown) naming the condition otherwise. Changes nothing. ``written``: the
-        pool's compiled ``slots_written`` (looked up here if not given)."""
+        TokensUnknown) naming the condition otherwise. Changes nothing. ``written``, ``bounds``:
+        the pool's compiled ``slots_written`` and the compiled ``commit_bounds`` (looked up
+        here if not given)."""
         num_tokens = check_count(num_tokens, "num_tokens")
         rid, B = req.rid, self.block_size
         if num_tokens < req.computed:
             raise CommitError(f"{rid!r} already committed {req.computed} positions")
         if num_tokens == req.computed:
             return num_tokens
-        bounds = position_rule(self.spec.commit_bounds, ("new", "issued", "known"))
+        if bounds is None:
+            bounds = position_rule(self.spec.commit_bounds, ("new", "issued", "known"))
         issued_ok, known_ok = bounds(B, num_tokens, req.issued, len(req.tokens))
         if not issued_ok:
             raise CommitError(

@@ -94,7 +94,7 @@ from pagedkv.spec.request_spec import RequestSpec
 from pagedkv.spec.states import ALLOCATED
 
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from .request import EngineRequest, RequestStatus
+from .request import EngineRequest, RequestStatus, _as_token
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -578,10 +578,14 @@ class KVCacheManager:
         (``request.num_tokens``) would fit. ``reserved_blocks``: leave that many allocatable
         blocks. The watermark applies to WAITING / PREEMPTED requests when
         ``has_scheduled_reqs``."""
-        self._sweep()
-        num_new_tokens = _count(num_new_tokens, "num_new_tokens")
-        num_new_computed_tokens = _count(num_new_computed_tokens, "num_new_computed_tokens")
-        reserved_blocks = _count(reserved_blocks, "reserved_blocks")
+        if self._inflight:
+            self._sweep()
+        if type(num_new_tokens) is not int or num_new_tokens < 0:
+            num_new_tokens = _count(num_new_tokens, "num_new_tokens")
+        if type(num_new_computed_tokens) is not int or num_new_computed_tokens:
+            num_new_computed_tokens = _count(num_new_computed_tokens, "num_new_computed_tokens")
+        if type(reserved_blocks) is not int or reserved_blocks:
+            reserved_blocks = _count(reserved_blocks, "reserved_blocks")
         if type(num_lookahead_tokens) is not int or num_lookahead_tokens:
             num_lookahead_tokens = _count(num_lookahead_tokens, "num_lookahead_tokens")
         if (type(num_external_computed_tokens) is not int or num_external_computed_tokens
@@ -639,8 +643,8 @@ class KVCacheManager:
         else:
             idle_hits = 0
         watermark = 0
-        if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
-                                                     RequestStatus.PREEMPTED):
+        if has_scheduled_reqs and self.watermark_blocks and request.status in (
+                RequestStatus.WAITING, RequestStatus.PREEMPTED):
             watermark = self.watermark_blocks
         usable = pool.usable()
         if full_sequence_must_fit:
@@ -669,7 +673,10 @@ class KVCacheManager:
                 added = alloc.extend(rid, target)
             except OutOfBlocks:  # pragma: no cover - checked above
                 return None
-        self._drain()
+        if self._trace:
+            self._drain()
+        if not added and not hits:  # growth within the table (most decode steps)
+            return self.empty_kv_cache_blocks
         if added[:len(hits)] != hits:  # pragma: no cover - internal
             raise AssertionError(f"{rid!r} took other prefix hits than looked up")
         return KVCacheBlocks(tuple(added[len(hits):])) if len(added) > len(hits) else (
@@ -739,8 +746,10 @@ class KVCacheManager:
     @_locked
     def append_token(self, request: EngineRequest, token_id: int) -> None:
         """The model sampled ``token_id`` for ``request`` (``append_output_token_ids``)."""
-        request.append_output_token_ids([token_id])  # the allocator learns it at the next
-        # publish or commit (one step-level call for every request: ``_sync_many``)
+        if type(token_id) is not int:
+            token_id = _as_token(token_id)
+        request._all.append(token_id)  # the allocator learns it at the next publish or
+        # commit (one step-level call for every request: ``_sync_many``)
         self._hash_filled(request)
 
     @_locked

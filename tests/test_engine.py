@@ -626,3 +626,18 @@ def test_engine_request_keeps_its_own_copy_of_plain_and_numpy_token_ids():
     prompt.append(99)  # the caller's list is not the request's
     assert r.all_token_ids == [5, 6, 7, 8, 9] and r.num_prompt_tokens == 3
     assert all(type(t) is int for t in r.all_token_ids)
+
+
+@pytest.mark.parametrize("bad", [True, 2.0, "3", None])
+def test_append_token_refuses_what_is_not_a_token_id_and_changes_nothing(bad):
+    import numpy as np
+
+    m = mgr()
+    a = EngineRequest("a", range(3))
+    admit(m, a)
+    run_step(m, [a])
+    with pytest.raises(TypeError, match="token ids must be ints"):
+        m.append_token(a, bad)
+    assert a.num_tokens == 3
+    m.append_token(a, np.int64(9))  # a NumPy integer is a token id, stored as a plain int
+    assert a.output_token_ids == [9] and type(a.all_token_ids[-1]) is int

@@ -556,3 +556,37 @@ def test_a_refusal_for_unknown_tokens_is_confirmed_by_the_spec():
     with pytest.raises(TokensUnknown) as info:
         a.commit("r", 4)
     assert "(spec: " in str(info.value) and info.value.spec_reason
+
+
+def test_growth_within_the_table_keeps_exact_counts_and_plain_ints():
+    """A running request's growth that its table already covers (``_extend``'s fast path) sets
+    the positions reserved, keeps ``stats()`` exact, and stores a plain int even when given a
+    NumPy one."""
+    np = pytest.importorskip("numpy")
+    a = BlockAllocator(8, 4, checked=False)
+    a.add_request("r", [1, 2, 3, 4, 5])
+    a.allocate("r", 5)  # two blocks: 8 positions covered
+    for n in (6, 6, np.int64(7), 8):
+        assert a.extend("r", n) == []
+        assert a.num_reserved("r") == n and type(a.num_reserved("r")) is int
+        assert a.stats()["occupancy_tokens"] == n
+        a.check_invariants()
+    assert a.extend("r", 9) != []  # past the table: a new block
+    assert a.stats()["occupancy_tokens"] == 9 and len(a.block_table("r")) == 3
+    with pytest.raises(allocator_module.InvalidArgument):
+        a.extend("r", 8)  # tables only grow
+    with pytest.raises(allocator_module.InvalidArgument):
+        a.extend("r", -1)
+
+
+def test_a_first_allocation_of_no_positions_still_takes_the_prefix_hits():
+    """An empty table covers nothing, so a zero-position first allocation is not a growth
+    within it: it takes every cached hit, as the first allocation always does."""
+    a = BlockAllocator(8, 2)
+    step_tokens = [1, 2, 3, 4, 5]
+    a.add_request("p", step_tokens)
+    step(a, "p", 5)
+    a.free("p")
+    a.add_request("q", step_tokens)
+    hits = a.allocate("q", 0)
+    assert len(hits) == 2 and a.num_computed("q") == 4
