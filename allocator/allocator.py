@@ -52,7 +52,7 @@ from .hashing import block_hash, encode_tokens, normalize_extra_keys
 from .launch import Launch, LaunchAlreadyCompleted
 from .pool import BlockPool
 from .request_view import materialize, request_view
-from .table import blocks_needed, check_count, writes_per_block
+from .table import blocks_needed, check_count, slot_mapping, writes_per_block
 from .table_rows import TableRows
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -166,6 +166,21 @@ def _slots(tables: np.ndarray, block_size: int, starts: Sequence[int],
     first = np.cumsum(counts) - counts  # where each row's positions begin in the output
     pos = np.arange(total) - np.repeat(first - np.asarray(starts, dtype=np.int64), counts)
     return tables[row, pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
+# Positions a launch writes up to which a Python loop over the tables computes the slot
+# mapping faster than the vectorized ``_slots`` (whose setup costs about 10 us): a decode step.
+SMALL_LAUNCH_POSITIONS = 64
+
+
+def _slots_listed(tables: Sequence[Sequence[int]], block_size: int, starts: Sequence[int],
+                  stops: Sequence[int]) -> np.ndarray:
+    """``_slots`` from the tables as Python lists, positions ``starts[k] .. stops[k] - 1`` of
+    each table ``k`` (``table.slot_mapping`` of each): the same int64 slot mapping."""
+    out: list[int] = []
+    for table, start, stop in zip(tables, starts, stops, strict=True):
+        out += slot_mapping(table, block_size, start, stop)
+    return np.array(out, dtype=np.int64)
 
 
 class BlockAllocator:
@@ -803,12 +818,16 @@ class BlockAllocator:
         bt, tg = self._rows.take([req.row for req in reqs], max(len(r.table) for r in reqs))
         lens = np.asarray(seq_lens, dtype=np.int32)
         query_lens = lens - np.asarray(starts, dtype=np.int32)
+        if sum(seq_lens) - sum(starts) <= SMALL_LAUNCH_POSITIONS:
+            slot_mapping = _slots_listed([req.table for req in reqs], B, starts, seq_lens)
+        else:
+            slot_mapping = _slots(bt, B, starts, query_lens)
         launch = Launch(
             rids=rids,
             block_tables=bt,
             seq_lens=lens,
             query_lens=query_lens,
-            slot_mapping=_slots(bt, B, starts, query_lens),
+            slot_mapping=slot_mapping,
             table_generations=tg,
             copies=np.asarray(copies, dtype=np.int32).reshape(-1, 2),
             writes=tuple(b for b, _, _ in writes),

@@ -15,7 +15,7 @@ from pagedkv.allocator import (
     InvariantViolation,
     OutOfBlocks,
 )
-from pagedkv.allocator.allocator import _slots
+from pagedkv.allocator.allocator import SMALL_LAUNCH_POSITIONS, _slots, _slots_listed
 from pagedkv.allocator.table import slot_mapping
 from pagedkv.allocator.table_rows import TableRows
 
@@ -113,6 +113,28 @@ def test_slots_match_the_per_table_slot_mapping() -> None:
             for s in slot_mapping(tables[k].tolist(), B, starts[k], starts[k] + counts[k])]
     got = _slots(tables, B, starts, counts)
     assert got.dtype == np.int64 and got.tolist() == want
+    listed = _slots_listed(tables.tolist(), B, starts, (np.asarray(starts) + counts).tolist())
+    assert listed.dtype == np.int64 and listed.tolist() == want
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_launch_slot_mappings_either_side_of_the_small_launch_bound(extra: int) -> None:
+    """A launch of up to ``SMALL_LAUNCH_POSITIONS`` written positions computes its slot mapping
+    by a loop over the tables, a larger one vectorized: both are each table's slot mapping."""
+    n = SMALL_LAUNCH_POSITIONS + extra
+    alloc = BlockAllocator(4 * n, B)
+    alloc.add_request("a", list(range(5)))
+    alloc.add_request("b", list(range(100, 103)))
+    alloc.allocate("a", 5)
+    alloc.allocate("b", 3)
+    alloc.publish(["a", "b"]).complete()
+    alloc.allocate("a", 5 + n - 7)
+    alloc.allocate("b", 3 + 7)
+    launch = alloc.publish(["a", "b"])
+    want = (slot_mapping(alloc.block_table("a"), B, 5, 5 + n - 7)
+            + slot_mapping(alloc.block_table("b"), B, 3, 10))
+    assert len(want) == n
+    assert launch.slot_mapping.dtype == np.int64 and launch.slot_mapping.tolist() == want
 
 
 def test_rows_grow_without_moving_other_rows() -> None:
