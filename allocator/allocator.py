@@ -183,6 +183,16 @@ def _slots_listed(tables: Sequence[Sequence[int]], block_size: int, starts: Sequ
     return np.array(out, dtype=np.int64)
 
 
+def _launch_slots(rows: np.ndarray, tables: Sequence[Sequence[int]], block_size: int,
+                  starts: Sequence[int], stops: Sequence[int], counts: np.ndarray) -> np.ndarray:
+    """A launch's slot mapping (positions ``starts[k] .. stops[k] - 1``, ``counts[k]`` of them,
+    of each table ``k``, given as the launch's int32 ``rows`` and as Python lists): by a loop
+    for up to ``SMALL_LAUNCH_POSITIONS`` positions, else vectorized."""
+    if sum(stops) - sum(starts) <= SMALL_LAUNCH_POSITIONS:
+        return _slots_listed(tables, block_size, starts, stops)
+    return _slots(rows, block_size, starts, counts)
+
+
 class BlockAllocator:
     """A verified paged KV-cache block allocator.
 
@@ -769,7 +779,7 @@ class BlockAllocator:
         copies: list[tuple[int, int]] = []
         sources: list[tuple[Hashable, int]] = []
         copied: set[int] = set()
-        for req in reqs:
+        for req in reqs if writers else ():  # no shared partial block written: no copy
             i = req.issued // B
             if req.issued < req.reserved and req.issued % B and holders.get(req.table[i], 0) > 1:
                 src = req.table[i]
@@ -782,12 +792,10 @@ class BlockAllocator:
                 copies.append((src, dst))
                 copied.add(dst)
         state = pool.state
-        fresh = [(b, req.rid) for req in reqs for b in req.table[req.published:]
-                 if state[b] == ALLOCATED]
+        fresh = [(b, req.rid) for req in reqs if req.published < len(req.table)
+                 for b in req.table[req.published:] if state[b] == ALLOCATED]
         if fresh:
             pool.run_many("publish", fresh)
-        for req in reqs:
-            req.published = len(req.table)
         L = pool.clock[ISSUED]
         pool.launch(L)
         # The sources are let go after the launch is numbered: another holder remains (the
@@ -796,10 +804,19 @@ class BlockAllocator:
         for rid, src in sources:
             pool.release(src, rid)
         writes: list[tuple[int, Hashable, int]] = []
-        starts = [req.issued for req in reqs]
-        seq_lens = [req.reserved for req in reqs]
+        starts: list[int] = []
+        seq_lens: list[int] = []
+        rows: list[int] = []
+        width = 0  # the longest table: the launch's block tables are that wide
         for req in reqs:
+            table = req.table
+            req.published = len(table)
+            if len(table) > width:
+                width = len(table)
+            rows.append(req.row)
             issued, reserved = req.issued, req.reserved
+            starts.append(issued)
+            seq_lens.append(reserved)
             if issued == reserved:
                 continue
             i = issued // B
@@ -808,26 +825,23 @@ class BlockAllocator:
             else:
                 per_block = writes_per_block(B, issued, reserved).items()
             for i, w in per_block:
-                b = req.table[i]
+                b = table[i]
                 if b in copied:
                     w += issued % B  # the copy writes the shared slots too
                 writes.append((b, req.rid, w))
             req.issued = reserved
         if writes:
             pool.run_many("begin_write", writes)
-        bt, tg = self._rows.take([req.row for req in reqs], max(len(r.table) for r in reqs))
+        bt, tg = self._rows.take(rows, width)
         lens = np.asarray(seq_lens, dtype=np.int32)
         query_lens = lens - np.asarray(starts, dtype=np.int32)
-        if sum(seq_lens) - sum(starts) <= SMALL_LAUNCH_POSITIONS:
-            slot_mapping = _slots_listed([req.table for req in reqs], B, starts, seq_lens)
-        else:
-            slot_mapping = _slots(bt, B, starts, query_lens)
         launch = Launch(
             rids=rids,
             block_tables=bt,
             seq_lens=lens,
             query_lens=query_lens,
-            slot_mapping=slot_mapping,
+            slot_mapping=_launch_slots(bt, [req.table for req in reqs], B, starts, seq_lens,
+                                       query_lens),
             table_generations=tg,
             copies=np.asarray(copies, dtype=np.int32).reshape(-1, 2),
             writes=tuple(b for b, _, _ in writes),

@@ -780,6 +780,7 @@ class BlockPool(PoolStorage):
         (``run_many``'s path: guard and effect the spec's, checked mode re-checks the touched
         blocks' local invariants), then cut from the queue's links at once; a CACHED head is
         evicted by the single transition. Unchecked, fewer than ``UNCHECKED_BATCH_MIN`` blocks
+        (in all, or in a FREE run at the head, such as the block an eviction recycles there)
         are taken by single transitions, which cost less there than a batch that short. The
         caller has checked ``usable()``, as for ``take``."""
         if type(n) is not int or n < 0:
@@ -803,8 +804,11 @@ class BlockPool(PoolStorage):
             if batch and run is None:
                 run = self._batch("allocate")
             blocks = queue.head_run(state, FREE, left) if batch and run is not None else ()
-            if not blocks:  # a short run unchecked, interpreted, or a head neither FREE
-                self.allocate(b, r)  # nor CACHED (refused there, as take refuses it)
+            if not blocks or (len(blocks) < self.UNCHECKED_BATCH_MIN and not checked):
+                # a short run unchecked (such as the one block an eviction just recycled to
+                # the head), interpreted, or a head neither FREE nor CACHED (refused there,
+                # as take refuses it)
+                self.allocate(b, r)
                 out.append(b)
                 continue
             self._run_batch("allocate", run, [(b, r) for b in blocks], queue.cut_head)

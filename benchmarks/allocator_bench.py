@@ -9,8 +9,10 @@ Workloads (mirroring ../shared/anchors/vllm_blockpool/bench.py, which times vLLM
 - alloc+free: allocate n blocks then free them, n = 1, 16, 256, 4096, pool of 65,537 blocks,
   400,000 // n rounds per timing; prefix caching on and off (blocks/s). Two layers:
   ``alloc``: BlockAllocator.add_request(rid, []) + allocate(rid, n * B) + free(rid);
-  ``pool``: BlockPool.open_holder + take x n + release x n (reversed) + close_holder, the
-  closest mirror of vLLM's get_new_blocks(n) + free_blocks(reversed(...)).
+  ``pool``: BlockPool.open_holder + take x n + release x n (reversed) + close_holder;
+  ``pool, batched``: the same with one ``take_many(r, n)`` and one ``run_many("release", ...)``
+  (each a compiled loop of the spec's transition), the closest mirror of vLLM's
+  get_new_blocks(n) + free_blocks(reversed(...)), which are one call each too.
 - prefix: 2,000 requests, block size 16, a shared 64-block prefix + 2 unique blocks + 1 token.
   ``hit`` (vLLM "lookup + touch + free"): per request, look up the hashes of its leading full
   blocks, take a reference on each hit, free them. pool layer, hashes precomputed (as vLLM's
@@ -89,6 +91,20 @@ def alloc_free_pool(n: int, rounds: int, checked: bool, repeat: int) -> float:
             bl = [take("r") for _ in range(n)]
             for b in reversed(bl):
                 release(b, "r")
+            p.close_holder("r")
+
+    return rounds * n / best_time(run, repeat)
+
+
+def alloc_free_pool_batched(n: int, rounds: int, checked: bool, repeat: int) -> float:
+    p = BlockPool(NUM_BLOCKS, B, checked=checked)
+
+    def run() -> None:
+        take_many, run_many = p.take_many, p.run_many
+        for _ in range(rounds):
+            p.open_holder("r")
+            bl = take_many("r", n)
+            run_many("release", [(b, "r") for b in reversed(bl)])
             p.close_holder("r")
 
     return rounds * n / best_time(run, repeat)
@@ -301,6 +317,10 @@ def build_rows(res: dict, anchor: dict | None) -> list[tuple[str, str, float | N
     for n in SIZES:
         rows.append((f"alloc+free n={n} (pool layer)", "blocks/s",
                      res["pool"][f"{n}"]["unchecked"], res["pool"][f"{n}"]["checked"], v.get(n)))
+    for n in SIZES:
+        rows.append((f"alloc+free n={n} (pool layer, batched)", "blocks/s",
+                     res["pool_batched"][f"{n}"]["unchecked"],
+                     res["pool_batched"][f"{n}"]["checked"], v.get(n)))
     ap = (anchor or {}).get("prefix", {})
     pp, pa = res["prefix_pool"], res["prefix_alloc"]
     v_hit = ap.get("lookup+touch+free req/s")
@@ -348,7 +368,8 @@ def main() -> None:
     repeat = 2 if args.quick else args.repeat
     scale = 20 if args.quick else 1
     nreq = NREQ // scale
-    res: dict = {"alloc": {}, "pool": {}, "prefix_pool": {}, "prefix_alloc": {}}
+    res: dict = {"alloc": {}, "pool": {}, "pool_batched": {}, "prefix_pool": {},
+                 "prefix_alloc": {}}
     for caching in (True, False):
         res["alloc"][f"{caching}"] = {}
         for n in SIZES:
@@ -361,6 +382,9 @@ def main() -> None:
         rounds = max(1, 400_000 // n // scale)
         res["pool"][f"{n}"] = {mode: alloc_free_pool(n, rounds, mode == "checked", repeat)
                                for mode in ("unchecked", "checked")}
+        res["pool_batched"][f"{n}"] = {
+            mode: alloc_free_pool_batched(n, rounds, mode == "checked", repeat)
+            for mode in ("unchecked", "checked")}
     for mode in ("unchecked", "checked"):
         res["prefix_pool"][mode] = prefix_pool(mode == "checked", nreq, repeat)
         res["prefix_alloc"][mode] = prefix_alloc(mode == "checked", nreq, repeat)

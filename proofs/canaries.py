@@ -202,14 +202,14 @@ def slot_mapping_off_by_one() -> Iterator[Spec]:
     def slot_mapping(block_table: Any, block_size: int, start: int, stop: int) -> list[int]:
         return [x + 1 for x in original(block_table, block_size, start, stop)]
 
-    launch_slots = allocator_module._slots  # the launch's vectorized slot mapping
+    launch_slots = allocator_module._launch_slots  # a launch's slot mapping, either path
 
-    def slots(tables: Any, block_size: int, starts: Any, counts: Any) -> Any:
-        return launch_slots(tables, block_size, starts, counts) + 1
+    def slots(*args: Any) -> Any:
+        return launch_slots(*args) + 1
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(table, "slot_mapping", slot_mapping))
-        stack.enter_context(_patched(allocator_module, "_slots", slots))
+        stack.enter_context(_patched(allocator_module, "_launch_slots", slots))
         yield
 
 
