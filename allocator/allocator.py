@@ -599,11 +599,14 @@ class BlockAllocator:
         if not self.prefix_caching:
             return
         pool = self.pool
-        state, table, hashes = pool.state, req.table, req.hashes
-        for i in range(first, num_tokens // B):
-            b, h = table[i], hashes[i]
-            if state[b] == PUBLISHED and pool.lookup(h) is None:
-                pool.commit(b, req.rid, h)
+        state, table, hashes, hmap = pool.state, req.table, req.hashes, pool.hmap
+        rid = req.rid
+        # No hash repeats in one chain (block 0's parent is 0, which no hash is, and a later
+        # block's parent is a hash), so none of these commits makes another's hash cached.
+        commits = [(table[i], rid, hashes[i]) for i in range(first, num_tokens // B)
+                   if state[table[i]] == PUBLISHED and hashes[i] not in hmap]
+        if commits:  # one compiled batch of the spec's commit (as these commits one by one)
+            pool.run_many("commit", commits)
 
     @_confirmed("truncate")
     def truncate(self, rid: Hashable, num_tokens: int) -> list[int]:

@@ -15,9 +15,9 @@ import re
 from typing import Any
 
 from pagedkv.spec import CONCRETE, NO_HASH, PARAM_KINDS, Overlay
-from pagedkv.spec.model import INDEX_KIND
+from pagedkv.spec.model import FIELD_DEFAULT, INDEX_KIND
 
-from .storage import ALIVE, ATTRIBUTES, FIELDS, HOLDS, NHELD, PoolStorage, read_source
+from .storage import ALIVE, ATTRIBUTES, DICT, FIELDS, HOLDS, NHELD, PoolStorage, read_source
 
 
 class _Unsupported(Exception):
@@ -392,6 +392,21 @@ def batch_source(t: Any) -> str | None:
                             v = pure(f"bool({v})")
                             stores.append(f"        ({attr}[{r}].add if {v} else "
                                           f"{attr}[{r}].discard)({b})")
+                    continue
+                if rep == DICT and isinstance(arr, _SymStore):  # the hash map: a store of
+                    # the field's default removes the key (as ``PoolStorage.write`` does)
+                    default = _lit(FIELD_DEFAULT[f])
+                    for k, v in arr.entries():
+                        k, v = pure(k), pure(v)
+                        if v == default:
+                            stores.append(f"        {attr}.pop({k}, None)")
+                        elif _CONSTANT.fullmatch(v):
+                            stores.append(f"        {attr}[{k}] = {v}")
+                        else:
+                            stores.append(f"        if {v} == {default}:\n"
+                                          f"            {attr}.pop({k}, None)\n"
+                                          f"        else:\n"
+                                          f"            {attr}[{k}] = {v}")
                     continue
                 if rep != "list" or not isinstance(arr, _SymStore):
                     raise _Unsupported(f"{f} is not a list store chain")

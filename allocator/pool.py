@@ -194,11 +194,12 @@ class BlockPool(PoolStorage):
         return f
 
     # Transitions a step, an admission or a free performs once per block: their spec effects
-    # store into the pool's lists and holder sets only, so a batch runs as one compiled loop of
-    # the spec's guard and effect. What the pool keeps beyond the spec (the eviction queue's
-    # links, the retire queue, the busy count, recycling) follows, as the methods do it:
-    # ``_after_allocate``, ``_after_release``.
-    BATCHED = ("allocate", "publish", "begin_write", "end_write", "release", "recycle")
+    # store into the pool's lists, hash map and holder sets only, so a batch runs as one
+    # compiled loop of the spec's guard and effect. What the pool keeps beyond the spec (the
+    # eviction queue's links, the retire queue, the busy count, recycling) follows, as the
+    # methods do it: ``_after_allocate``, ``_after_release``, ``_after_evict``.
+    BATCHED = ("allocate", "publish", "begin_write", "end_write", "release", "recycle",
+               "commit", "evict")
 
     def run_many(self, name: str, items: Sequence[tuple[Any, ...]]) -> None:
         """Transition ``name`` (one of ``BATCHED``) on each parameter tuple of ``items``, in
@@ -208,11 +209,12 @@ class BlockPool(PoolStorage):
         compiled from the spec (``compiled.batch_code``, checked against the interpreted spec
         on the probe states first): the effect that runs is the spec's, so checked mode has no
         effect to compare and re-evaluates the local invariants on the touched blocks, in
-        their compiled form. What ``allocate``, ``release`` and ``recycle`` keep beyond the
-        spec follows (``_after_allocate``, ``_after_release``; a recycled block goes to the
-        queue's head); after ``end_write`` and ``release`` each block is recycled if it can
-        be, as the single transitions do (as one batch: ``_recycle_ready``). A spec entry
-        that does not compile runs as the single transitions."""
+        their compiled form. What ``allocate``, ``release``, ``evict`` and ``recycle`` keep
+        beyond the spec follows (``_after_allocate``, ``_after_release``, ``_after_evict``; a
+        recycled block goes to the queue's head); after ``end_write``, ``release`` and
+        ``evict`` each block is recycled if it can be, as the single transitions do (as one
+        batch: ``_recycle_ready``). A spec entry that does not compile runs as the single
+        transitions."""
         if name not in self.BATCHED:
             raise InvalidArgument(f"run_many runs {self.BATCHED}, not {name!r}")
         run = self._batch(name)
@@ -251,13 +253,15 @@ class BlockPool(PoolStorage):
             self._after_release(done, retired_before, stamp)
         elif name == "allocate":
             (unlinked or self._after_allocate)(done)
+        elif name == "evict":
+            self._after_evict(done)
         elif name == "recycle":
             push_head = self.queue.push_head
             for args in done:
                 push_head(args[0])
         if self.checked:
             self._check_invariants(name, {args[0] for args in done})
-        trace, recycles = self.trace, name in ("end_write", "release")
+        trace, recycles = self.trace, name in ("end_write", "release", "evict")
         if trace is None and recycles:
             # A recycle commutes with the other blocks' transitions of the batch, and each
             # block reaches the queue's head in the same order as by single transitions.
@@ -296,6 +300,19 @@ class BlockPool(PoolStorage):
         unlink = self.queue.unlink
         for args in done:
             unlink(args[0])
+
+    def _after_evict(self, done: Sequence[tuple[Any, ...]]) -> None:
+        """What ``evict`` does beyond the spec's effect, for a batch the compiled loop evicted:
+        each block leaves the eviction queue (``_unqueue_cached``)."""
+        for args in done:
+            self._unqueue_cached(args[0])
+
+    def _unqueue_cached(self, b: int) -> None:
+        """A CACHED block leaves the eviction queue (evicted or revived); a busy one (retired
+        above the watermark) stops counting in ``cached_busy``."""
+        self.queue.unlink(b)
+        if self.retire[b] > self.clock[WATERMARK]:
+            self.cached_busy -= 1
 
     def _after_release(self, done: Sequence[tuple[Any, ...]], retired_before: Sequence[int],
                        stamp: int) -> None:
@@ -650,10 +667,8 @@ class BlockPool(PoolStorage):
             b = self.check_block_id(b)
         predicted = self._enter("share", b, r)
         if self.state[b] == CACHED:
-            self.queue.unlink(b)
+            self._unqueue_cached(b)
             self._move(b, REFERENCED)
-            if self.retire[b] > self.clock[WATERMARK]:
-                self.cached_busy -= 1
         self.ref[b] += 1
         self.held[r].add(b)
         self._verify("share", predicted, b, r)
@@ -687,9 +702,7 @@ class BlockPool(PoolStorage):
         if type(b) is not int or not 0 <= b < self.num_blocks:
             b = self.check_block_id(b)
         predicted = self._enter("evict", b)
-        self.queue.unlink(b)
-        if self.retire[b] > self.clock[WATERMARK]:
-            self.cached_busy -= 1  # still queued in the retire queue: recycled at its drain
+        self._unqueue_cached(b)  # a busy one stays in the retire queue: recycled at its drain
         del self.hmap[self.hash[b]]
         self.hash[b] = NO_HASH
         self._invalidate(b)
@@ -778,11 +791,12 @@ class BlockPool(PoolStorage):
         taken before a refused one stay taken, as with single calls). The run of FREE blocks
         at the queue's head is allocated as one compiled batch of the spec's ``allocate``
         (``run_many``'s path: guard and effect the spec's, checked mode re-checks the touched
-        blocks' local invariants), then cut from the queue's links at once; a CACHED head is
-        evicted by the single transition. Unchecked, fewer than ``UNCHECKED_BATCH_MIN`` blocks
-        (in all, or in a FREE run at the head, such as the block an eviction recycles there)
-        are taken by single transitions, which cost less there than a batch that short. The
-        caller has checked ``usable()``, as for ``take``."""
+        blocks' local invariants), then cut from the queue's links at once; a run of CACHED
+        blocks at the head is evicted (``_evict_head``). Unchecked, fewer than
+        ``UNCHECKED_BATCH_MIN`` blocks (in all, or in a FREE run at the head, such as the
+        block an eviction recycles there) are taken by single transitions, which cost less
+        there than a batch that short. The caller has checked ``usable()``, as for
+        ``take``."""
         if type(n) is not int or n < 0:
             n = check_count(n, "n (blocks taken)")
         queue, state, checked = self.queue, self.state, self.checked
@@ -798,7 +812,7 @@ class BlockPool(PoolStorage):
             if b is None:  # callers check usable() first; take fails here too
                 raise AssertionError("take_many() on an exhausted pool")
             if state[b] == CACHED:
-                self.evict(b)
+                self._evict_head(left)
                 continue
             batch = checked or left >= self.UNCHECKED_BATCH_MIN
             if batch and run is None:
@@ -813,6 +827,24 @@ class BlockPool(PoolStorage):
                 continue
             self._run_batch("allocate", run, [(b, r) for b in blocks], queue.cut_head)
             out += blocks
+
+    def _evict_head(self, most: int) -> None:
+        """Evict the CACHED blocks at the queue's head, at most ``most`` of them (``take_many``
+        needs ``most`` more blocks): as one compiled batch of the spec's ``evict`` when the run
+        is long enough (see ``UNCHECKED_BATCH_MIN``) and no trace is kept, else the head alone
+        by the single transition. The batch evicts them last first, so that the idle ones,
+        each recycled to the head in turn, stand there in queue order: single takes would
+        evict the same blocks (each of them, to find that many idle ones) and take the idle
+        ones in that order."""
+        run = None
+        if self.trace is None:
+            cached = self.queue.head_run(self.state, CACHED, most)
+            if len(cached) >= (1 if self.checked else self.UNCHECKED_BATCH_MIN):
+                run = self._batch("evict")
+        if run is None:
+            self.evict(self.queue.head())
+            return
+        self._run_batch("evict", run, [(b,) for b in reversed(cached)])
 
     def lookup(self, h: int) -> int | None:
         b = self.hmap.get(h)

@@ -220,10 +220,6 @@ EQUIVALENT: dict[str, str] = {
     "is the spec's NO_HASH -> return int.from_bytes(digest, \"big\") or 0  # 0 is the spec's "
     "NO_HASH":
         "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
-    "allocator/allocator.py:_commit:drop-and-clause:if state[b] == PUBLISHED and "
-    "pool.lookup(h) is None: -> if True and pool.lookup(h) is None:":
-        "a table entry in [first, full) is PUBLISHED or REFERENCED under its own "
-        "chain hash (committed, hit or forked), so lookup(h) is None only for PUBLISHED ones",
     **{f"allocator/allocator.py:fork:bool:{a}strict=True){b} -> {a}strict=False){b}":
        "fresh is built from p.table just above: the zipped sequences have equal lengths"
        for a, b in (("pool.take(child) if f else b for b, f in zip(p.table, fresh, ", ""),

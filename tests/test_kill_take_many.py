@@ -59,14 +59,16 @@ def _end(p: BlockPool, taken: list) -> tuple:
             p.cached_busy, p.queue.length, taken, p.structure_errors())
 
 
-def _workload(seed: int, many: bool, checked: bool, stats: dict | None = None) -> tuple:
+def _workload(seed: int, many: bool, checked: bool, stats: dict | None = None,
+              traced: bool = True) -> tuple:
     """Holders take, fill, commit (cached blocks once let go), release, with launches in
     flight pinning what they let go (busy cached, reclaimed): takes of 0..usable() blocks,
     and a few past it (they fail once the queue is empty), by take_many(r, n) or by take(r)
-    n times."""
+    n times. ``traced``: the pool records its transitions (take_many then evicts by single
+    transitions; untraced, a run of cached heads as one batch)."""
     rnd = random.Random(seed)
     p = BlockPool(rnd.randrange(4, 12), B, checked=checked)
-    p.trace = []
+    p.trace = [] if traced else None
     held: dict[str, list[int]] = {}
     taken: list = []
     inflight: list[int] = []
@@ -85,12 +87,12 @@ def _workload(seed: int, many: bool, checked: bool, stats: dict | None = None) -
             n = p.usable() if rnd.random() < 0.2 else n  # down to the last usable block
             if rnd.random() < 0.1:  # past usable(): busy cached heads evicted, then it fails
                 n = p.usable() + rnd.randrange(1, 3)
-            mark = len(p.trace)
+            before = set(p.held[r])
             try:
                 got = p.take_many(r, n) if many else [p.take(r) for _ in range(n)]
             except AssertionError as e:  # the queue ran out (callers check usable() first)
                 assert "exhausted" in str(e)
-                got = [x["b"] for name, x in p.trace[mark:] if name == "allocate"]
+                got = sorted(p.held[r] - before)  # a pool of a few blocks: taken in id order
                 stats["failed"] += 1
             stats["exhausted"] += n > 0 and p.usable() == 0
             taken.append(got)
@@ -136,6 +138,37 @@ def test_take_many_ends_where_n_takes_end(seed, checked):
     assert batched[0] == single[0]
     assert batched[1:] == single[1:]
     assert batched[8] == []
+
+
+@pytest.mark.parametrize("checked", [True, False])
+@pytest.mark.parametrize("seed", range(12))
+def test_untraced_take_many_evicting_runs_of_cached_heads_ends_where_n_takes_end(seed, checked):
+    """Untraced, take_many evicts a run of cached heads as one batch (last first): the same
+    blocks taken, in the same order, and the same pool, queue, retire queue and busy count
+    as single takes."""
+    batched = _workload(seed, True, checked, traced=False)
+    single = _workload(seed, False, checked, traced=False)
+    assert batched[7] == single[7], "different blocks taken"
+    assert batched[0] == single[0]
+    assert batched[1:] == single[1:]
+    assert batched[8] == []
+
+
+def test_untraced_workloads_evict_runs_of_cached_heads_as_batches(monkeypatch):
+    """The untraced workloads above reach the batched eviction, with runs longer than one."""
+    runs: list[int] = []
+    real = BlockPool._run_batch
+
+    def spy(self, name, run, items, *rest):
+        if name == "evict":
+            runs.append(len(items))
+        return real(self, name, run, items, *rest)
+
+    monkeypatch.setattr(BlockPool, "_run_batch", spy)
+    for seed in range(12):
+        for checked in (True, False):
+            _workload(seed, True, checked, traced=False)
+    assert runs and max(runs) > 1, runs
 
 
 def test_the_workloads_evict_idle_and_busy_cached_blocks():
