@@ -594,16 +594,16 @@ class BlockAllocator:
     def _commit(self, req: _Request, num_tokens: int) -> None:
         """Commit checked by ``_commit_check``: the full blocks it completes enter the cache."""
         B = self.block_size
-        first = req.computed // B
+        first, full = req.computed // B, num_tokens // B
         req.computed = num_tokens  # every committed token is known, so its block hash exists
-        if not self.prefix_caching:
+        if not self.prefix_caching or first == full:  # no block filled (most decode steps)
             return
         pool = self.pool
         state, table, hashes, hmap = pool.state, req.table, req.hashes, pool.hmap
         rid = req.rid
         # No hash repeats in one chain (block 0's parent is 0, which no hash is, and a later
         # block's parent is a hash), so none of these commits makes another's hash cached.
-        commits = [(table[i], rid, hashes[i]) for i in range(first, num_tokens // B)
+        commits = [(table[i], rid, hashes[i]) for i in range(first, full)
                    if state[table[i]] == PUBLISHED and hashes[i] not in hmap]
         if commits:  # one compiled batch of the spec's commit (as these commits one by one)
             pool.run_many("commit", commits)
@@ -763,8 +763,11 @@ class BlockAllocator:
         previous step samples them on the device); ``commit`` and ``fork`` then wait for
         ``append_tokens`` (``TokensUnknown``), so that no KV is hashed, cached or shared
         under tokens nobody has seen."""
-        rids = self._check_rids(rids)
-        reqs = [self._req(r) for r in rids]
+        rids = self._check_rids(rids)  # hashable: a lookup fails only for an unknown id
+        try:
+            reqs = [self._requests[r] for r in rids]
+        except KeyError:
+            reqs = [self._req(r) for r in rids]  # UnknownRequest, naming it
         B, pool = self.block_size, self.pool
         holders: dict[int, int] = {}  # shared partial block written -> holders left
         writers: dict[int, int] = {}  # ... -> its writers in this launch
