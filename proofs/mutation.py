@@ -100,7 +100,8 @@ TARGETS = (
                                 "begin_write", "end_write", "launch", "complete", "advance",
                                 "advance_watermark", "_drain", "busy", "rewind", "commit",
                                 "share", "release", "evict", "recycle", "_invalidate",
-                                "_recycle_if_safe", "usable", "waiting", "take", "lookup"})),
+                                "_unqueue_cached", "_recycle_if_safe", "usable", "waiting",
+                                "take", "lookup"})),
     # the one mapping of storage onto the spec's pool state: views, abstract(), write-back
     Target("allocator/storage.py", "pagedkv.allocator.storage", "allocator",
            functions=frozenset({"__getitem__", "items", "_view_of", "_plain", "__init__",
@@ -317,6 +318,43 @@ EQUIVALENT: dict[str, str] = {
     "-> if not keys or set(map(type, keys)) < _PLAIN_KEY_TYPES:":
         "keys of all three plain types then go through _canonical_key, which returns a plain "
         "key as is: an equal tuple",
+    "allocator/allocator.py:_slots_listed:bool:for table, start, stop in zip(tables, starts, "
+    "stops, strict=True): -> for table, start, stop in zip(tables, starts, stops, "
+    "strict=False):":
+        "its one caller (_launch_slots from publish) builds the three lists from the same "
+        "requests, one entry each: they have equal lengths",
+    **{f"allocator/allocator.py:_launch_slots:{op}:if sum(stops) - sum(starts) <= "
+       f"SMALL_LAUNCH_POSITIONS: -> if {new}:":
+       "only chooses which of the two slot-mapping paths runs, and both compute each table's "
+       "table.slot_mapping (tests/test_table_rows.py compares them on random tables and on "
+       "launches either side of the bound)"
+       for op, new in (("negate-if", "not (sum(stops) - sum(starts) <= SMALL_LAUNCH_POSITIONS)"),
+                       ("arith", "sum(stops) + sum(starts) <= SMALL_LAUNCH_POSITIONS"),
+                       ("cmp", "sum(stops) - sum(starts) < SMALL_LAUNCH_POSITIONS"))},
+    **{f"allocator/allocator.py:_extend:cmp:req.reserved <= num_tokens <= len(table) * "
+       f"self.block_size): -> {new} * self.block_size):":
+       "fast path for growth within the table: a bound it no longer lets through (num_tokens "
+       "equal to the positions reserved, or to the table's capacity) takes the general path, "
+       "which finds no hit (the table is not empty), no block needed and nothing to reclaim, "
+       "and sets the same positions reserved and totals"
+       for new in ("req.reserved < num_tokens <= len(table)",
+                   "req.reserved <= num_tokens < len(table)")},
+    "allocator/allocator.py:_commit:drop-and-clause:if state[table[i]] == PUBLISHED and "
+    "hashes[i] not in hmap] -> if True and hashes[i] not in hmap]":
+        "a table entry in [first, full) is PUBLISHED or REFERENCED under its own chain hash "
+        "(committed, hit or forked), so its hash is missing from the map only if PUBLISHED",
+    "allocator/allocator.py:publish:cmp:fresh = [(b, req.rid) for req in reqs if req.published "
+    "< len(req.table) -> fresh = [(b, req.rid) for req in reqs if req.published <= "
+    "len(req.table)":
+        "a request whose entries are all published (published == len(table)) then slices an "
+        "empty tail: no block added to fresh either way",
+    "allocator/allocator.py:publish:int+1:width = 0  # the longest table: the launch's block "
+    "tables are that wide -> width = 1  # the longest table: the launch's block tables are "
+    "that wide":
+        "every request of a launch has reserved positions (refused above otherwise), so a "
+        "table of at least one entry: the width is at least 1 either way",
+    "allocator/allocator.py:publish:cmp:if len(table) > width: -> if len(table) >= width:":
+        "a table as long as the widest so far sets the width to the same value",
 }
 
 
