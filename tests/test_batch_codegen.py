@@ -97,3 +97,24 @@ def test_a_hoisting_that_reads_block_0_of_any_cell_is_caught(monkeypatch, cell):
     for name in mutated:
         src = batch_source(TRANSITIONS[name])
         assert not batch_agrees(TRANSITIONS[name], compile(src, "<wrong>", "exec")), name
+
+
+def test_hash_map_stores_remove_on_the_default_and_store_otherwise():
+    """The hash map is a dict with a default (``NO_BLOCK``): evict's store of the default at
+    the block's hash removes that key, commit's store of b at h sets it (as
+    ``PoolStorage.write`` writes an interpreted post-state back)."""
+    evict = "\n".join(_after_guard(batch_source(TRANSITIONS["evict"])))
+    key = re.search(r"(_c\d+) = hash\[b\]", evict).group(1)
+    assert re.search(rf"hmap\.pop\(_t\d+, None\)|hmap\.pop\({key}, None\)", evict)
+    assert "hmap[" not in evict
+    commit = "\n".join(_after_guard(batch_source(TRANSITIONS["commit"])))
+    assert "hmap[h] = b" in commit and "hash[b] = h" in commit
+
+
+@pytest.mark.parametrize("name, wrong", [("evict", ("hmap.pop(", "hmap.get(")),
+                                         ("commit", ("hmap[h] = b", "hmap[h] = 0"))])
+def test_a_wrong_hash_map_store_is_caught_before_it_runs(name, wrong):
+    src = batch_source(TRANSITIONS[name])
+    assert wrong[0] in src
+    bad = src.replace(*wrong)
+    assert not batch_agrees(TRANSITIONS[name], compile(bad, "<wrong>", "exec"))
