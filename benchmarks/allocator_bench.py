@@ -81,30 +81,21 @@ def alloc_free_alloc(n: int, rounds: int, checked: bool, caching: bool, repeat: 
     return rounds * n / best_time(run, repeat)
 
 
-def alloc_free_pool(n: int, rounds: int, checked: bool, repeat: int) -> float:
+def alloc_free_pool(n: int, rounds: int, checked: bool, repeat: int,
+                    batched: bool = False) -> float:
+    """``batched``: one ``take_many`` and one ``run_many("release", ...)`` per round instead of
+    a call per block."""
     p = BlockPool(NUM_BLOCKS, B, checked=checked)
+    take, release, take_many, run_many = p.take, p.release, p.take_many, p.run_many
 
     def run() -> None:
-        take, release = p.take, p.release
         for _ in range(rounds):
             p.open_holder("r")
-            bl = [take("r") for _ in range(n)]
-            for b in reversed(bl):
-                release(b, "r")
-            p.close_holder("r")
-
-    return rounds * n / best_time(run, repeat)
-
-
-def alloc_free_pool_batched(n: int, rounds: int, checked: bool, repeat: int) -> float:
-    p = BlockPool(NUM_BLOCKS, B, checked=checked)
-
-    def run() -> None:
-        take_many, run_many = p.take_many, p.run_many
-        for _ in range(rounds):
-            p.open_holder("r")
-            bl = take_many("r", n)
-            run_many("release", [(b, "r") for b in reversed(bl)])
+            if batched:
+                run_many("release", [(b, "r") for b in reversed(take_many("r", n))])
+            else:
+                for b in reversed([take("r") for _ in range(n)]):
+                    release(b, "r")
             p.close_holder("r")
 
     return rounds * n / best_time(run, repeat)
@@ -383,7 +374,7 @@ def main() -> None:
         res["pool"][f"{n}"] = {mode: alloc_free_pool(n, rounds, mode == "checked", repeat)
                                for mode in ("unchecked", "checked")}
         res["pool_batched"][f"{n}"] = {
-            mode: alloc_free_pool_batched(n, rounds, mode == "checked", repeat)
+            mode: alloc_free_pool(n, rounds, mode == "checked", repeat, batched=True)
             for mode in ("unchecked", "checked")}
     for mode in ("unchecked", "checked"):
         res["prefix_pool"][mode] = prefix_pool(mode == "checked", nreq, repeat)
