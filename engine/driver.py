@@ -145,7 +145,7 @@ class PagedKVDriver:
             m.cache_blocks(req, num_computed_tokens)
 
     def append(self, rid: Any, token: int) -> None:
-        self.manager.append_token(self.requests[rid], int(token))
+        self.manager.append_token(self.requests[rid], token)
 
     def preempt(self, rid: Any) -> None:
         req = self.requests[rid]

@@ -81,7 +81,6 @@ KV-side part of vLLM's ``_preempt_request`` and ``append_output_token_ids``.
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -177,10 +176,14 @@ class _NullHolder:
 class _Live:
     """A request the allocator has a table for."""
 
-    __slots__ = ("req", "known", "computed", "written", "vouched", "inflight", "cursor")
+    __slots__ = ("req", "record", "known", "computed", "written", "vouched", "inflight",
+                 "cursor")
 
-    def __init__(self, req: EngineRequest, computed: int) -> None:
+    def __init__(self, req: EngineRequest, computed: int, record: Any) -> None:
         self.req = req
+        # The allocator's record of the request (its table and counts), read and grown under
+        # the allocator's lock, which is the manager's.
+        self.record = record
         self.known = req.num_tokens  # token ids the allocator knows
         self.computed = computed  # positions committed in the allocator (see _commit_target)
         # Positions written by completed launches (in publish order), and of those, the ones
@@ -198,8 +201,10 @@ class KVCacheManager:
     ``checked`` is the allocator's checked mode. ``watermark`` is vLLM's: a fraction of
     ``num_blocks`` kept free when admitting waiting / preempted requests while others run.
 
-    Thread safety: every public method runs under one lock per manager; launches may be
-    completed (``Launch.complete``) from any thread: the manager notices at its next call.
+    Thread safety: every public method runs under one lock per manager, its allocator's (so a
+    thread calling the allocator directly waits for the manager's call, and the other way
+    round); launches may be completed (``Launch.complete``) from any thread: the manager
+    notices at its next call.
     """
 
     def __init__(
@@ -238,7 +243,9 @@ class KVCacheManager:
         self.log_stats = log_stats
         self.watermark_blocks = int(watermark * self.num_blocks)
         self.empty_kv_cache_blocks = KVCacheBlocks()
-        self._lock = threading.RLock()
+        # One lock for the manager and its allocator: a manager call holds it throughout, so it
+        # may read the allocator's request records (``_Live.record``) as they stand.
+        self._lock = self._alloc._lock
         self._live: dict[Hashable, _Live] = {}
         self._inflight: dict[int, tuple[Launch, list[_Live]]] = {}  # by Launch.seq
         self._transfers: dict[Hashable, int] = {}  # request id -> copies in flight
@@ -627,7 +634,7 @@ class KVCacheManager:
             if given:
                 raise ValueError(f"{request!r} is running: it takes no new prefix hits")
             hits = []
-            issued, reserved = alloc.positions(rid)
+            issued, reserved = entry.record.issued, entry.record.reserved
             n = request.num_computed_tokens
             rollback = n < issued  # rejected speculative tokens: write those positions again
             if rollback:
@@ -646,6 +653,12 @@ class KVCacheManager:
         if has_scheduled_reqs and self.watermark_blocks and request.status in (
                 RequestStatus.WAITING, RequestStatus.PREEMPTED):
             watermark = self.watermark_blocks
+        if entry is not None and not (rollback or full_sequence_must_fit or watermark
+                                      or reserved_blocks) and target <= table_len * B:
+            # Growth within the table (most decode steps): no block is needed, so nothing can
+            # refuse it; the allocator's growth, which finds nothing to take.
+            alloc._extend(entry.record, target)
+            return self.empty_kv_cache_blocks
         usable = pool.usable()
         if full_sequence_must_fit:
             full = max(_cdiv(request.num_tokens, B) - table_len - len(hits), 0)
@@ -665,7 +678,7 @@ class KVCacheManager:
             except Exception:
                 alloc.free(rid)
                 raise
-            self._live[rid] = _Live(request, len(hits) * B)
+            self._live[rid] = _Live(request, len(hits) * B, alloc._req(rid))
         else:
             if rollback:
                 self._rollback(entry)

@@ -6,6 +6,7 @@ import inspect
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pagedkv.allocator import LaunchAlreadyCompleted
@@ -553,6 +554,43 @@ def test_running_allocation_grows_the_table_and_appended_tokens_reach_the_alloca
     assert a.output_token_ids == [7, 8] and a.num_tokens == 9 and a.num_prompt_tokens == 7
 
 
+def test_growth_within_the_table_still_honours_every_refusal_rule() -> None:
+    """A running request's growth that its table already covers takes no block, so it goes
+    ahead at once; but ``reserved_blocks``, ``full_sequence_must_fit`` and the watermark still
+    refuse it when the pool cannot give what they ask, as for any growth, and change
+    nothing."""
+    m = mgr(4)  # the null block and 3 usable
+    a = EngineRequest("a", list(range(5)))
+    assert admit(m, a) is not None  # 2 blocks, 5 of 8 positions
+    run_step(m, [a])
+    filler = EngineRequest("f", [9])
+    assert admit(m, filler) is not None  # the last usable block
+    assert m.get_num_free_blocks() == 0
+    assert m._lock is m.allocator._lock  # one lock: the manager reads the allocator's records
+    reserved = m.allocator.num_reserved("a")
+    assert m.allocate_slots(a, 1, reserved_blocks=1) is None  # leave 1 block: none is free
+    assert m.allocator.num_reserved("a") == reserved
+    a.append_output_token_ids([1, 2, 3, 4])  # 9 tokens: the full sequence needs a 3rd block
+    assert m.allocate_slots(a, 1, full_sequence_must_fit=True) is None
+    assert m.allocator.num_reserved("a") == reserved
+    new = m.allocate_slots(a, 1)  # within the table: goes ahead with no free block
+    assert new is not None and new.block_ids == ()
+    assert m.allocator.num_reserved("a") == reserved + 1
+    # positions held: a's, the filler's and the null block's
+    assert m.stats()["occupancy_tokens"] == reserved + 1 + 1 + 1
+
+    # A request that holds blocks but is still WAITING (the scheduler flips it to RUNNING
+    # after allocate_slots) is held to the watermark while others run.
+    m = mgr(5, watermark=0.5)  # 2 blocks of watermark
+    w = EngineRequest("w", list(range(5)))
+    blocks, hits, _ = m.get_computed_blocks(w)
+    assert m.allocate_slots(w, 5, hits, blocks, has_scheduled_reqs=False) is not None
+    assert admit(m, EngineRequest("f", [9]), has_scheduled_reqs=False) is not None
+    assert m.get_num_free_blocks() == 1 and w.status == RequestStatus.WAITING
+    assert m.allocate_slots(w, 1) is None  # within w's table, but 1 free block < watermark
+    assert m.allocate_slots(w, 1, has_scheduled_reqs=False).block_ids == ()
+
+
 def test_driver_runs_the_scheduler_calls() -> None:
     d = pk_driver.make(10, B)
     assert d.add("a", list(range(9))) == 0
@@ -568,6 +606,38 @@ def test_driver_runs_the_scheduler_calls() -> None:
     d.free("c")
     assert d.num_free() == 9 and d.num_evictable() == 2 and d.usage() == 0.0
     assert d.prefix_stats()["hits"] == 8
+
+
+@pytest.mark.parametrize("bad", [True, 1.0, "7", None])
+def test_driver_append_refuses_what_is_not_a_token_id_and_changes_nothing(bad: Any) -> None:
+    d = pk_driver.make(10, B)
+    d.add("a", list(range(7)))
+    d.allocate("a", 7)
+    d.commit("a", 7)
+    with pytest.raises(TypeError):
+        d.append("a", bad)
+    assert d.num_tokens("a") == 7
+    d.append("a", np.int64(9))  # a NumPy integer is a token id, kept as a plain int
+    assert d.requests["a"].all_token_ids[-1] == 9
+    assert type(d.requests["a"].all_token_ids[-1]) is int
+
+
+def test_tokens_the_driver_appends_reach_the_prefix_cache() -> None:
+    """``append`` records the token on the request only; the manager learns it at its next
+    call, and the block it filled is cached once written and committed."""
+    d = pk_driver.make(10, B)
+    d.step()
+    d.add("a", list(range(7)))
+    d.allocate("a", 7)
+    d.commit("a", 7)
+    d.append("a", 70)  # fills block 1: tokens 4..6 and 70
+    d.step()
+    d.allocate("a", 1)
+    d.commit("a", 8)
+    d.append("a", 71)
+    d.step()
+    assert d.manager.allocator.num_computed("a") == 8
+    assert d.add("b", [*range(7), 70, 5]) == 8  # both full blocks of a are hits
 
 
 def test_driver_runs_one_launch_per_step() -> None:
@@ -619,7 +689,6 @@ def test_engine_request_refuses_token_ids_that_are_not_ints(tokens):
 
 
 def test_engine_request_keeps_its_own_copy_of_plain_and_numpy_token_ids():
-    import numpy as np
 
     prompt = [5, 6, 7]
     r = EngineRequest("r", prompt, output_token_ids=np.array([8, 9], dtype=np.int64))
@@ -630,7 +699,6 @@ def test_engine_request_keeps_its_own_copy_of_plain_and_numpy_token_ids():
 
 @pytest.mark.parametrize("bad", [True, 2.0, "3", None])
 def test_append_token_refuses_what_is_not_a_token_id_and_changes_nothing(bad):
-    import numpy as np
 
     m = mgr()
     a = EngineRequest("a", range(3))
