@@ -48,7 +48,14 @@ from .errors import (
     TokensUnknown,
     UnknownRequest,
 )
-from .hashing import block_hash, encode_tokens, normalize_extra_keys
+from .hashing import (
+    check_parent,
+    digest,
+    encode_tokens,
+    normalize_extra_keys,
+    pack_tokens,
+    salt_bytes,
+)
 from .launch import Launch, LaunchAlreadyCompleted
 from .pool import BlockPool
 from .request_view import materialize, request_view
@@ -282,13 +289,14 @@ class BlockAllocator:
         return len(self._hits(req)) * self.block_size
 
     def _extend_hashes(self, req: _Request) -> None:
-        B = self.block_size
-        tokens, hashes, extra = req.tokens, req.hashes, req.extra_keys
-        while (len(hashes) + 1) * B <= len(tokens):
-            i = len(hashes)
-            hashes.append(self._hash(hashes[-1] if hashes else 0, tokens[i * B:(i + 1) * B],
-                                     extra, req.salt if i == 0 else None))
+        """Hash the request's blocks its known tokens filled since (memoized)."""
+        B, tokens, hashes = self.block_size, req.tokens, req.hashes
+        first, full = len(hashes), len(tokens) // B
+        if full > first:
+            hashes += self._chain(hashes[-1] if hashes else 0, tokens[first * B:full * B],
+                                  first, req.extra_keys, req.salt)
 
+    @_locked
     def block_hash(self, parent: int, tokens: Sequence[int], extra_keys: Sequence[Any] = (),
                    salt: str | bytes | None = None) -> int:
         """``hashing.block_hash`` through this allocator's memo: a front door that hashes a
@@ -298,20 +306,61 @@ class BlockAllocator:
         its memo entry)."""
         if type(parent) is not int or parent < 0:
             raise InvalidArgument(f"parent must be a block hash (an int >= 0), got {parent!r}")
+        parent = check_parent(parent)
+        tokens = _check_tokens(tokens)
+        keys = normalize_extra_keys(extra_keys)
+        return self._memo_digest(parent, pack_tokens(tokens), keys, self._salt(salt))
+
+    @_locked
+    def chain_hashes(self, token_ids: Sequence[int], *, start: int = 0, parent: int = 0,
+                     extra_keys: Sequence[Any] = (),
+                     salt: str | bytes | None = None) -> list[int]:
+        """``hashing.chain_hashes(token_ids, block_size, start=start, parent=parent, ...)``
+        through this allocator's memo: the chain hashes of the full blocks of ``token_ids``
+        from block ``start`` on, ``parent`` the hash of block ``start - 1`` (0 for none), the
+        salt in block 0's hash only. The step-level ``block_hash``: a front door hashes the
+        blocks a request's new tokens filled in one call. Only the tokens of those blocks
+        are read and checked, each argument as ``block_hash`` checks it; nothing is
+        memoized if one is refused (``InvalidArgument``)."""
+        B = self.block_size
+        start = check_count(start, "start (a block index)")
+        if type(parent) is not int or parent < 0:
+            raise InvalidArgument(f"parent must be a block hash (an int >= 0), got {parent!r}")
+        parent = check_parent(parent)
+        tokens = _check_tokens(_ordered(token_ids, "token ids")[start * B:])
+        keys = normalize_extra_keys(extra_keys)
+        self._salt(salt)
+        return self._chain(parent, tokens[:len(tokens) // B * B], start, keys, salt)
+
+    @staticmethod
+    def _salt(salt: Any) -> bytes | None:
         if salt is not None and not isinstance(salt, str | bytes):
             raise InvalidArgument("cache_salt must be str, bytes or None")
-        return self._hash(parent, _check_tokens(tokens), normalize_extra_keys(extra_keys), salt)
+        return None if salt is None else salt_bytes(salt)
 
-    def _hash(self, parent: int, tokens: list[int], extra_keys: tuple[Any, ...],
-              salt: str | bytes | None) -> int:
-        """The memoized hash of checked arguments."""
+    def _chain(self, parent: int, tokens: list[int], first: int, keys: tuple[Any, ...],
+               salt: str | bytes | None) -> list[int]:
+        """The memoized chain hashes of checked ``tokens``, whole blocks of them, the first
+        being block ``first`` (the salt goes into block 0's hash only)."""
+        data, w = pack_tokens(tokens), 8 * self.block_size  # encoded once, cut per block
+        salt_b = None if first or salt is None else salt_bytes(salt)
+        out: list[int] = []
+        for i in range(len(data) // w):
+            parent = self._memo_digest(parent, data[i * w:(i + 1) * w], keys,
+                                       salt_b if i == 0 else None)
+            out.append(parent)
+        return out
+
+    def _memo_digest(self, parent: int, data: bytes, keys: tuple[Any, ...],
+                     salt: bytes | None) -> int:
+        """The memoized ``hashing.digest`` of checked fields (tokens encoded, salt as bytes)."""
         memo = self._hash_memo
         if memo is None:
-            return block_hash(parent, tokens, extra_keys, salt)
-        key = (parent, tuple(tokens), extra_keys, salt)
+            return digest(parent, data, keys, salt)
+        key = (parent, data, keys, salt)
         h = memo.get(key)
         if h is None:
-            h = block_hash(parent, tokens, extra_keys, salt)
+            h = digest(parent, data, keys, salt)
             if len(memo) >= _HASH_MEMO_MAX:
                 memo.popitem(last=False)
             memo[key] = h

@@ -36,6 +36,11 @@ _NOT_A_SEQUENCE = (str, bytes, bytearray, memoryview)
 _UNORDERED = (set, frozenset, Mapping)
 
 
+def _header(kind: int, length: int) -> bytes:
+    """A field's first 9 bytes: its kind tag, then its payload's length (8 bytes, big-endian)."""
+    return bytes((kind,)) + length.to_bytes(8, "big")
+
+
 def frame(kind: int, payload: bytes) -> bytes:
     """One field: kind tag, payload length (8 bytes, big-endian), payload.
 
@@ -45,7 +50,7 @@ def frame(kind: int, payload: bytes) -> bytes:
     post: __return__[9:] == payload
     """
     assert 0 <= kind < 256
-    return bytes([kind]) + len(payload).to_bytes(8, "big") + payload
+    return _header(kind, len(payload)) + payload
 
 
 def encode_fields(fields: Sequence[tuple[int, bytes]]) -> bytes:
@@ -90,7 +95,8 @@ def _as_int(name: str, x: Any) -> int:
         raise InvalidArgument(f"{name} must be an int, got {type(x).__name__}") from None
 
 
-def _check_parent(parent: Any) -> int:
+def check_parent(parent: Any) -> int:
+    """A parent hash: an int in [0, 2**256), else ``InvalidArgument``."""
     p = _as_int("parent hash", parent)
     if not 0 <= p < _PARENT_LIMIT:
         raise InvalidArgument(f"parent hash must lie in [0, 2**256), got {p}")
@@ -130,12 +136,16 @@ def encode_tokens(token_ids: Sequence[int]) -> bytes:
     """
     if type(token_ids) is list or type(token_ids) is tuple:  # the hot path
         try:  # struct takes any integer (operator.index) and refuses floats, str, None, ...
-            data = struct.pack(f">{len(token_ids)}q", *token_ids)
+            data = pack_tokens(token_ids)
         except (struct.error, OverflowError) as exc:  # numpy uint64 overflows
             raise InvalidArgument(f"token id not a 64-bit integer: {exc}") from None
         if bool not in map(type, token_ids):  # ... but not bool
             return data
-    tokens = _token_list(token_ids)
+    return pack_tokens(_token_list(token_ids))
+
+
+def pack_tokens(tokens: Sequence[int]) -> bytes:
+    """``encode_tokens`` of tokens already checked (plain ints in int64 range, no bool)."""
     return struct.pack(f">{len(tokens)}q", *tokens)
 
 
@@ -218,7 +228,7 @@ def encode_extra_key(key: Any) -> tuple[int, bytes]:
     return _encode_key(_canonical_key(key))
 
 
-def _salt_bytes(salt: Any) -> bytes:
+def salt_bytes(salt: Any) -> bytes:
     """A (non-None) cache salt as bytes: a str (utf-8) or bytes, else ``InvalidArgument``."""
     if isinstance(salt, str):
         try:
@@ -230,19 +240,27 @@ def _salt_bytes(salt: Any) -> bytes:
     raise InvalidArgument(f"salt must be str, bytes or None, got {type(salt).__name__}")
 
 
-def _digest(
+def digest(
     parent: int, tokens: bytes, keys: tuple[str | int | bytes, ...], salt: bytes | None
 ) -> int:
-    """The hash of checked fields: parent in [0, 2**256), encoded tokens, canonical keys."""
-    fields: list[tuple[int, bytes]] = [
-        (KIND_PARENT, parent.to_bytes(32, "big")),
-        (KIND_TOKENS, tokens),
-    ]
+    """The hash of checked fields: parent in [0, 2**256), encoded tokens, canonical keys, salt
+    bytes or None. It hashes ``_DOMAIN + encode_fields(fields)`` of the fields (parent,
+    tokens, salt if any, then each key), the parent's and the tokens' headers looked up."""
+    head = _TOKENS_HEADERS.get(len(tokens))
+    if head is None:
+        head = _header(KIND_TOKENS, len(tokens))
+        if len(_TOKENS_HEADERS) < 64:  # one per block size in use
+            _TOKENS_HEADERS[len(tokens)] = head
+    parts = [_DOMAIN, _PARENT_HEADER, parent.to_bytes(32, "big"), head, tokens]
     if salt is not None:
-        fields.append((KIND_SALT, salt))
-    fields += [_encode_key(k) for k in keys]
-    digest = hashlib.sha256(_DOMAIN + encode_fields(fields)).digest()
-    return int.from_bytes(digest, "big") or 1  # 0 is the spec's NO_HASH
+        parts.append(frame(KIND_SALT, salt))
+    for k in keys:
+        parts.append(frame(*_encode_key(k)))
+    return int.from_bytes(hashlib.sha256(b"".join(parts)).digest(), "big") or 1  # 0: NO_HASH
+
+
+_PARENT_HEADER = _header(KIND_PARENT, 32)
+_TOKENS_HEADERS: dict[int, bytes] = {}  # payload length -> the tokens field's header
 
 
 def block_hash(
@@ -258,9 +276,9 @@ def block_hash(
     raises ``InvalidArgument``.
     """
     if type(parent) is not int or not 0 <= parent < _PARENT_LIMIT:
-        parent = _check_parent(parent)
-    return _digest(parent, encode_tokens(token_ids), _keys(extra_keys),
-                   None if salt is None else _salt_bytes(salt))
+        parent = check_parent(parent)
+    return digest(parent, encode_tokens(token_ids), _keys(extra_keys),
+                  None if salt is None else salt_bytes(salt))
 
 
 def chain_hashes(
@@ -283,13 +301,13 @@ def chain_hashes(
     first = _as_int("start", start)
     if not 0 <= first <= _I64_MAX:
         raise InvalidArgument(f"start must be in [0, 2**63), got {first}")
-    h = _check_parent(parent)
+    h = check_parent(parent)
     data = encode_tokens(token_ids)  # every token checked, and encoded once
     keys = normalize_extra_keys(extra_keys)
-    salt_b = None if salt is None else _salt_bytes(salt)
+    salt_b = None if salt is None else salt_bytes(salt)
     w = 8 * B  # bytes per block
     out: list[int] = []
     for i in range(first, len(data) // w):
-        h = _digest(h, data[i * w : (i + 1) * w], keys, salt_b if i == 0 else None)
+        h = digest(h, data[i * w : (i + 1) * w], keys, salt_b if i == 0 else None)
         out.append(h)
     return out

@@ -304,12 +304,9 @@ class KVCacheManager:
             req._hash_key = key
             req.block_hashes = []
         hs, toks = req.block_hashes, req._all
-        keys, salt = key[2], req.cache_salt
-        hash_block = self._alloc.block_hash  # memoized: the allocator does not hash it again
-        while (len(hs) + 1) * B <= len(toks):
-            i = len(hs)
-            hs.append(hash_block(hs[-1] if hs else 0, toks[i * B:(i + 1) * B], keys,
-                                 salt if i == 0 else None))
+        if (len(hs) + 1) * B <= len(toks):  # memoized: the allocator does not hash them again
+            hs += self._alloc.chain_hashes(toks, start=len(hs), parent=hs[-1] if hs else 0,
+                                           extra_keys=key[2], salt=req.cache_salt)
         return hs
 
     def _hash_filled(self, req: EngineRequest) -> None:

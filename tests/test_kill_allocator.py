@@ -11,7 +11,7 @@ from pagedkv.allocator import (
     OutOfBlocks,
     TokensUnknown,
 )
-from pagedkv.allocator.hashing import chain_hashes
+from pagedkv.allocator.hashing import chain_hashes, encode_tokens
 from pagedkv.spec import CACHED, FREE, states_equal
 from pagedkv.spec.requests import summary
 
@@ -221,7 +221,7 @@ def test_hash_memo_never_exceeds_its_bound(monkeypatch):
         a.add_request(k, [100 + k])
         sizes.append(len(a._hash_memo))
     assert sizes == [1, 2, 3, 3, 3, 3, 3]  # full: the oldest entry makes room, one at a time
-    assert [key[1] for key in a._hash_memo] == [(104,), (105,), (106,)]
+    assert [key[1] for key in a._hash_memo] == [encode_tokens([t]) for t in (104, 105, 106)]
 
 
 def test_hash_memo_keeps_what_is_used_most_recently(monkeypatch):
@@ -232,7 +232,7 @@ def test_hash_memo_keeps_what_is_used_most_recently(monkeypatch):
     for k in range(6):
         a.add_request(("hot", k), [7])  # a hit: the hot entry becomes the newest
         a.add_request(k, [100 + k])
-    assert [key[1] for key in a._hash_memo] == [(104,), (7,), (105,)]
+    assert [key[1] for key in a._hash_memo] == [encode_tokens([t]) for t in (104, 7, 105)]
 
 
 def test_hashes_without_the_memo():

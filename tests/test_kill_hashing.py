@@ -44,6 +44,20 @@ def _expected(parent, tokens, extra=(), salt=None) -> int:
     return int.from_bytes(hashlib.sha256(b"pagedkv.block.v1" + data).digest(), "big") or 1
 
 
+def test_block_hash_matches_the_format_at_every_token_count():
+    """The tokens field's header is looked up per payload length (a bounded cache): every
+    count, cached or not, frames its own length."""
+    import random
+
+    rng = random.Random(5)
+    for n in list(range(0, 80)) * 2:  # more counts than the cache keeps, each twice
+        tokens = [rng.randrange(-(2**63), 2**63) for _ in range(n)]
+        extra = rng.choice([(), ("",), ("a", 3, b"z")])
+        salt = rng.choice([None, "s", b""])
+        parent = rng.randrange(2**256)
+        assert block_hash(parent, tokens, extra, salt) == _expected(parent, tokens, extra, salt)
+
+
 def test_kinds_are_the_documented_tags():
     assert (KIND_PARENT, KIND_TOKENS, KIND_SALT, KIND_STR, KIND_INT, KIND_BYTES) == (
         1, 2, 3, 4, 5, 6)

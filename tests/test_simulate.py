@@ -445,12 +445,13 @@ def test_a_prefix_hit_across_salts_is_wrong_kv(tmp_path, monkeypatch):
     cfg = dict(num_blocks=32, block_size=4, kv=True)
     clean = sim.simulate(wl, sim.SimConfig(**cfg)).report
     assert clean["prefix_cache"]["hits"] == 0 and clean["kv_check"]["passed"]
-    real = allocator_mod.block_hash
+    real = allocator_mod.digest
 
-    def saltless(parent, tokens, extra=(), salt=None):
-        return real(parent, tokens, extra, None)
+    def saltless(parent, tokens, keys, salt):
+        return real(parent, tokens, keys, None)
 
-    monkeypatch.setattr(allocator_mod, "block_hash", saltless)  # the manager hashes through it
+    # every block hash the allocator (and the manager, through it) takes is this digest
+    monkeypatch.setattr(allocator_mod, "digest", saltless)
     leaky = sim.simulate(wl, sim.SimConfig(**cfg)).report
     assert leaky["prefix_cache"]["hits"] == 12
     assert not leaky["kv_check"]["passed"]
