@@ -327,7 +327,9 @@ class BlockAllocator:
         if type(parent) is not int or parent < 0:
             raise InvalidArgument(f"parent must be a block hash (an int >= 0), got {parent!r}")
         parent = check_parent(parent)
-        tokens = _check_tokens(_ordered(token_ids, "token ids")[start * B:])
+        if type(token_ids) is not list and type(token_ids) is not tuple:
+            token_ids = _ordered(token_ids, "token ids")
+        tokens = _check_tokens(token_ids[start * B:])  # O(blocks hashed), not O(tokens)
         keys = normalize_extra_keys(extra_keys)
         self._salt(salt)
         return self._chain(parent, tokens[:len(tokens) // B * B], start, keys, salt)
