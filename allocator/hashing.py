@@ -8,6 +8,7 @@ the same bytes, whatever strings they carry (see ``encode_fields``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
 import struct
@@ -246,12 +247,8 @@ def digest(
     """The hash of checked fields: parent in [0, 2**256), encoded tokens, canonical keys, salt
     bytes or None. It hashes ``_DOMAIN + encode_fields(fields)`` of the fields (parent,
     tokens, salt if any, then each key), the parent's and the tokens' headers looked up."""
-    head = _TOKENS_HEADERS.get(len(tokens))
-    if head is None:
-        head = _header(KIND_TOKENS, len(tokens))
-        if len(_TOKENS_HEADERS) < 64:  # one per block size in use
-            _TOKENS_HEADERS[len(tokens)] = head
-    parts = [_DOMAIN, _PARENT_HEADER, parent.to_bytes(32, "big"), head, tokens]
+    parts = [_DOMAIN, _PARENT_HEADER, parent.to_bytes(32, "big"),
+             _known_header(KIND_TOKENS, len(tokens)), tokens]
     if salt is not None:
         parts.append(frame(KIND_SALT, salt))
     for k in keys:
@@ -260,7 +257,7 @@ def digest(
 
 
 _PARENT_HEADER = _header(KIND_PARENT, 32)
-_TOKENS_HEADERS: dict[int, bytes] = {}  # payload length -> the tokens field's header
+_known_header = functools.lru_cache(maxsize=64)(_header)  # the tokens': one per block size
 
 
 def block_hash(
