@@ -221,6 +221,9 @@ EQUIVALENT: dict[str, str] = {
     ".digest(), \"big\") or 1  # 0: NO_HASH -> return int.from_bytes(hashlib.sha256(b\"\""
     ".join(parts)).digest(), \"big\") or 0  # 0: NO_HASH":
         "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
+    "allocator/allocator.py:_extend_hashes:cmp:if full > first: -> if full >= first:":
+        "hashes never run past the full blocks, so full == first is the only new case, where "
+        "the chain of no tokens is empty and hashes += [] changes nothing",
     **{f"allocator/allocator.py:fork:bool:{a}strict=True){b} -> {a}strict=False){b}":
        "fresh is built from p.table just above: the zipped sequences have equal lengths"
        for a, b in (("pool.take(child) if f else b for b, f in zip(p.table, fresh, ", ""),

@@ -71,6 +71,7 @@ def test_only_the_blocks_hashed_are_read() -> None:
     dict(tokens=[1, 2, 3, 4], extra_keys=[1.5]),
     dict(tokens=[1, 2, 3, 4], salt=7),
     dict(tokens=[1, 2, 3, 4], salt="\ud800"),
+    dict(tokens=[1, 2, 3, 4, 5, 6, 7, 8], start=1, parent=5, salt=7),  # block 0 not hashed
 ])
 def test_a_bad_argument_is_refused_and_memoizes_nothing(call: dict[str, Any]) -> None:
     a = BlockAllocator(8, B)
