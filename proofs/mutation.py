@@ -221,6 +221,12 @@ EQUIVALENT: dict[str, str] = {
     ".digest(), \"big\") or 1  # 0: NO_HASH -> return int.from_bytes(hashlib.sha256(b\"\""
     ".join(parts)).digest(), \"big\") or 0  # 0: NO_HASH":
         "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
+    **{"allocator/allocator.py:chain_hashes:drop-and-clause:if type(token_ids) is not list "
+       f"and type(token_ids) is not tuple: -> if {a}:":
+       "a list or a tuple sent through _ordered as well comes back as a list of the same "
+       "items: only the copy is not saved"
+       for a in ("True and type(token_ids) is not tuple",
+                 "type(token_ids) is not list and True")},
     "allocator/allocator.py:_extend_hashes:cmp:if full > first: -> if full >= first:":
         "hashes never run past the full blocks, so full == first is the only new case, where "
         "the chain of no tokens is empty and hashes += [] changes nothing",

@@ -62,6 +62,8 @@ def test_only_the_blocks_hashed_are_read() -> None:
     dict(tokens=[1, 2, 3.0, 4]),
     dict(tokens=[1, 2, 3, 1 << 63]),
     dict(tokens="abcd"),
+    dict(tokens={1, 2, 3, 4}),  # unordered
+    dict(tokens=None),
     dict(tokens=[1, 2, 3, 4], start=-1),
     dict(tokens=[1, 2, 3, 4], start=True),
     dict(tokens=[1, 2, 3, 4], parent=-1),
