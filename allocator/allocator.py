@@ -551,10 +551,9 @@ class BlockAllocator:
         pool, rid = self.pool, req.rid
         table = req.table
         start = len(table)
-        for b in hits:
-            pool.share(b, rid)
-            table.append(b)
-        if hits:
+        if hits:  # one compiled batch of the spec's share (as these shares one by one)
+            pool.run_many("share", [(b, rid) for b in hits])
+            table += hits
             req.computed = req.issued = len(hits) * self.block_size
             self._prefix_hit_tokens += req.computed
         if need > 0:  # the queue's FREE head run in one batch (as ``need`` takes would)
@@ -601,10 +600,12 @@ class BlockAllocator:
         spec's program is ``spec.calls.commit_many``: ``commit`` of each pair in order."""
         written = self.pool.predicate(self.spec.slots_written, ("b", "k"))
         bounds = position_rule(self.spec.commit_bounds, ("new", "issued", "known"))
-        checked = [(req, self._commit_check(req, n, written, bounds))
+        check = self._commit_check
+        checked = [(req, check(req, n, written, bounds))
                    for req, n in self._batch(updates, "commit_many")]
+        commit = self._commit
         for req, n in checked:
-            self._commit(req, n)
+            commit(req, n)
 
     def _commit_check(self, req: _Request, num_tokens: Any, written: Any = None,
                       bounds: Any = None) -> int:
@@ -861,6 +862,7 @@ class BlockAllocator:
         for rid, src in sources:
             pool.release(src, rid)
         writes: list[tuple[int, Hashable, int]] = []
+        written: list[int] = []  # the blocks of ``writes``
         starts: list[int] = []
         seq_lens: list[int] = []
         rows: list[int] = []
@@ -886,6 +888,7 @@ class BlockAllocator:
                 if b in copied:
                     w += issued % B  # the copy writes the shared slots too
                 writes.append((b, req.rid, w))
+                written.append(b)
             req.issued = reserved
         if writes:
             pool.run_many("begin_write", writes)
@@ -901,7 +904,7 @@ class BlockAllocator:
                                        query_lens),
             table_generations=tg,
             copies=np.asarray(copies, dtype=np.int32).reshape(-1, 2),
-            writes=tuple(b for b, _, _ in writes),
+            writes=tuple(written),
             _on_complete=self._complete,
             _generation_of=lambda: self.pool.gen,
             seq=L,

@@ -197,9 +197,9 @@ class BlockPool(PoolStorage):
     # store into the pool's lists, hash map and holder sets only, so a batch runs as one
     # compiled loop of the spec's guard and effect. What the pool keeps beyond the spec (the
     # eviction queue's links, the retire queue, the busy count, recycling) follows, as the
-    # methods do it: ``_after_allocate``, ``_after_release``, ``_after_evict``.
+    # methods do it: ``_after_allocate``, ``_after_release``, ``_after_evict``, ``_after_share``.
     BATCHED = ("allocate", "publish", "begin_write", "end_write", "release", "recycle",
-               "commit", "evict")
+               "commit", "evict", "share")
 
     def run_many(self, name: str, items: Sequence[tuple[Any, ...]]) -> None:
         """Transition ``name`` (one of ``BATCHED``) on each parameter tuple of ``items``, in
@@ -209,12 +209,12 @@ class BlockPool(PoolStorage):
         compiled from the spec (``compiled.batch_code``, checked against the interpreted spec
         on the probe states first): the effect that runs is the spec's, so checked mode has no
         effect to compare and re-evaluates the local invariants on the touched blocks, in
-        their compiled form. What ``allocate``, ``release``, ``evict`` and ``recycle`` keep
-        beyond the spec follows (``_after_allocate``, ``_after_release``, ``_after_evict``; a
-        recycled block goes to the queue's head); after ``end_write``, ``release`` and
-        ``evict`` each block is recycled if it can be, as the single transitions do (as one
-        batch: ``_recycle_ready``). A spec entry that does not compile runs as the single
-        transitions."""
+        their compiled form. What ``allocate``, ``release``, ``evict``, ``share`` and
+        ``recycle`` keep beyond the spec follows (``_after_allocate``, ``_after_release``,
+        ``_after_evict``, ``_after_share``; a recycled block goes to the queue's head); after
+        ``end_write``, ``release`` and ``evict`` each block is recycled if it can be, as the
+        single transitions do (as one batch: ``_recycle_ready``). A spec entry that does not
+        compile runs as the single transitions."""
         if name not in self.BATCHED:
             raise InvalidArgument(f"run_many runs {self.BATCHED}, not {name!r}")
         run = self._batch(name)
@@ -247,10 +247,15 @@ class BlockPool(PoolStorage):
         blocks allocated from the eviction queue (default: ``_after_allocate``)."""
         stamp = self.clock[ISSUED]
         retired_before = [self.retire[args[0]] for args in items] if name == "release" else ()
+        if name == "share":
+            state = self.state
+            revived = [args[0] for args in items if state[args[0]] == CACHED]
         failed = run(items)
         done = items if failed < 0 else items[:failed]
         if name == "release":
             self._after_release(done, retired_before, stamp)
+        elif name == "share":
+            self._after_share(done, revived)
         elif name == "allocate":
             (unlinked or self._after_allocate)(done)
         elif name == "evict":
@@ -300,6 +305,17 @@ class BlockPool(PoolStorage):
         unlink = self.queue.unlink
         for args in done:
             unlink(args[0])
+
+    def _after_share(self, done: Sequence[tuple[Any, ...]], revived: Sequence[int]) -> None:
+        """What ``share`` does beyond the spec's effect, for a batch the compiled loop ran:
+        each block of ``revived`` (CACHED before the batch) that a done element revived
+        leaves the eviction queue (``_unqueue_cached``), once."""
+        if not revived:
+            return
+        shared = {args[0] for args in done}
+        for b in dict.fromkeys(revived):
+            if b in shared:
+                self._unqueue_cached(b)
 
     def _after_evict(self, done: Sequence[tuple[Any, ...]]) -> None:
         """What ``evict`` does beyond the spec's effect, for a batch the compiled loop evicted:

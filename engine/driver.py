@@ -90,7 +90,8 @@ class PagedKVDriver:
             new = m.allocate_slots(req, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
             if new is None:
                 return None
-            self._schedule(rid, req)
+            self._scheduled[rid] = req
+            self._launched.discard(rid)  # positions allocated after the launch need another
             return list(new.block_ids)
         pending = self._pending.pop(rid, None)
         if pending is None:
@@ -127,7 +128,10 @@ class PagedKVDriver:
         if req.status != RequestStatus.RUNNING:
             raise ValueError(f"request {rid!r} is not running")
         m = self.manager
-        reserved = m.allocator.num_reserved(rid)
+        # The manager's record of the request (its allocator record): read without a call, as
+        # the scheduler's thread is the one that grows it.
+        entry = m._live.get(rid)
+        reserved = entry.record.reserved if entry is not None else 0
         if not (req.num_computed_tokens <= num_computed_tokens <= min(req.num_tokens, reserved)):
             raise ValueError(f"request {rid!r}: cannot commit {num_computed_tokens} tokens "
                              f"(computed {req.num_computed_tokens}, tokens {req.num_tokens}, "

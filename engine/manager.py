@@ -309,13 +309,6 @@ class KVCacheManager:
                                            extra_keys=key[2], salt=req.cache_salt)
         return hs
 
-    def _hash_filled(self, req: EngineRequest) -> None:
-        """Keep ``request.block_hashes`` current, as vLLM's Request does: hash the blocks its
-        tokens filled since (checked first, so a token that fills nothing costs no call)."""
-        if self.enable_caching and (len(req.block_hashes) + 1) * self.block_size <= len(
-                req._all):
-            self._hashes(req)
-
     def _lookup(self, req: EngineRequest) -> list[int]:
         """The blocks the allocator's first ``allocate`` would take as prefix hits now."""
         if not self.enable_caching:
@@ -332,28 +325,33 @@ class KVCacheManager:
                 if pair[0].completed or pair[0].event_done()]
         if not done:
             return
-        touched: dict[int, _Live] = {}
-        for launch, entries in done:
+        for launch, _ in done:
             if not launch.completed:
                 launch.poll()
             del self._inflight[launch.seq]
-            for e in entries:
-                touched[id(e)] = e
+        if len(done) == 1:
+            touched: Iterable[_Live] = done[0][1]  # a request appears once in a launch
+        else:
+            touched = {id(e): e for _, entries in done for e in entries}.values()
         self._drain()
-        for e in touched.values():
-            self._advance(e)
-        self._commit_ready(touched.values())
+        advance = self._advance
+        for e in touched:
+            advance(e)
+        self._commit_ready(touched)
 
     def _commit_ready(self, entries: Iterable[_Live]) -> None:
-        """Commit, in one step-level call, what each live entry may commit now."""
-        live = self._live
-        commits = [(e, n) for e in entries
-                   if live.get(e.req.request_id) is e and (n := self._commit_target(e)) is not None]
+        """Commit, in one step-level call, what each live entry may commit now (the tokens of
+        those positions synced first where the allocator does not know them yet)."""
+        live, target = self._live, self._commit_target
+        commits = [(e.req.request_id, n) for e in entries
+                   if live.get(e.req.request_id) is e and (n := target(e)) is not None]
         if commits:
-            self._sync_many([e for e, _ in commits])
-            self._alloc.commit_many([(e.req.request_id, n) for e, n in commits])
-            for e, n in commits:
-                e.computed = n
+            unsynced = [e for (rid, n) in commits if (e := live[rid]).known < n]
+            if unsynced:
+                self._sync_many(unsynced)
+            self._alloc.commit_many(commits)
+            for rid, n in commits:
+                live[rid].computed = n
             self._drain()
 
     def _check_rollback(self, entry: _Live, issued: int) -> None:
@@ -477,7 +475,7 @@ class KVCacheManager:
             if entry.known < n:
                 updates.append((req.request_id, req._all[entry.known:]))
                 entry.known = n
-                if caching and (len(req.block_hashes) + 1) * B <= n:  # as _hash_filled
+                if caching and (len(req.block_hashes) + 1) * B <= n:  # as append_token
                     self._hashes(req)
         if updates:
             self._alloc.append_tokens_many(updates)
@@ -487,19 +485,25 @@ class KVCacheManager:
         """Hand the requests' block tables to the kernels (``BlockAllocator.publish``): the
         launch writes each request's positions allocated since its last launch and pins every
         block it reads. Complete it with ``complete(launch)`` or ``launch.record(event)``."""
-        self._sweep()
+        if self._inflight:
+            self._sweep()
+        live, transfers = self._live, self._transfers
         entries: list[_Live] = []
+        rids: list[Hashable] = []
         for r in requests:
-            entry = self._live.get(getattr(r, "request_id", None))
+            rid = getattr(r, "request_id", None)
+            entry = live.get(rid)
             if entry is None or entry.req is not r:
                 raise ValueError(f"{r!r} holds no blocks of this manager (allocate_slots first)")
-            if self._transfers and r.request_id in self._transfers:
+            if transfers and rid in transfers:
                 raise TransferInFlight(f"{r!r} has a copy of its blocks in flight: "
                                        "end_transfer before publishing it")
             entries.append(entry)
+            rids.append(rid)
         self._sync_many(entries)
-        launch = self._alloc.publish([e.req.request_id for e in entries])
-        self._drain()
+        launch = self._alloc.publish(rids)
+        if self._trace:
+            self._drain()
         for entry, reserved in zip(entries, launch.seq_lens.tolist(), strict=True):
             known = entry.known  # synced above: the token ids this launch was given
             entry.inflight.append((launch, reserved, reserved if reserved <= known else known))
@@ -557,7 +561,6 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         return KVCacheBlocks(tuple(hits)), len(hits) * self.block_size, 0
 
-    @_locked
     def allocate_slots(
         self,
         request: EngineRequest,
@@ -582,8 +585,53 @@ class KVCacheManager:
         (``request.num_tokens``) would fit. ``reserved_blocks``: leave that many allocatable
         blocks. The watermark applies to WAITING / PREEMPTED requests when
         ``has_scheduled_reqs``."""
-        if self._inflight:
-            self._sweep()
+        with self._lock:  # (inline: the wrapper's call costs as much as the fast path)
+            if self._inflight:
+                self._sweep()
+            entry = self._live.get(request.request_id)
+            if (entry is not None and new_computed_blocks is None
+                    and type(num_new_tokens) is int and num_new_tokens > 0
+                    and type(num_new_computed_tokens) is int and not num_new_computed_tokens
+                    and type(num_lookahead_tokens) is int and not num_lookahead_tokens
+                    and type(reserved_blocks) is int and not reserved_blocks
+                    and full_sequence_must_fit is False
+                    and type(num_external_computed_tokens) is int
+                    and not num_external_computed_tokens
+                    and type(num_encoder_tokens) is int and not num_encoder_tokens
+                    and entry.req is request and entry.written <= entry.computed
+                    and (not self.watermark_blocks or request.status == RequestStatus.RUNNING)):
+                # A running request's growth within its table (most decode steps), the plain
+                # arguments checked above: no rollback, nothing to commit first, no watermark;
+                # no block is needed, so nothing can refuse it. The allocator's growth, which
+                # finds nothing to take (what the general path below does for it).
+                record = entry.record
+                target = request.num_computed_tokens
+                if target >= record.issued:
+                    target += num_new_tokens
+                    if target < record.reserved:
+                        target = record.reserved
+                    if target <= len(record.table) * self.block_size:
+                        self._alloc._extend(record, target)
+                        return self.empty_kv_cache_blocks
+            return self._allocate_slots(
+                request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
+                full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+
+    def _allocate_slots(
+        self,
+        request: EngineRequest,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: KVCacheBlocks | None,
+        num_lookahead_tokens: int,
+        num_external_computed_tokens: int,
+        num_encoder_tokens: int,
+        full_sequence_must_fit: bool,
+        reserved_blocks: int,
+        has_scheduled_reqs: bool,
+    ) -> KVCacheBlocks | None:
+        """``allocate_slots`` past its fast path, under the lock."""
         if type(num_new_tokens) is not int or num_new_tokens < 0:
             num_new_tokens = _count(num_new_tokens, "num_new_tokens")
         if type(num_new_computed_tokens) is not int or num_new_computed_tokens:
@@ -643,7 +691,7 @@ class KVCacheManager:
             target = max(n + num_new_tokens + num_lookahead_tokens, reserved)
         if hits:  # cached hits an allocation could take: revived instead
             is_takeable = pool.predicate(takeable, ("b",))
-            idle_hits = sum(1 for b in hits if is_takeable(b))
+            idle_hits = sum(map(is_takeable, hits))
         else:
             idle_hits = 0
         watermark = 0
@@ -753,14 +801,17 @@ class KVCacheManager:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
 
-    @_locked
     def append_token(self, request: EngineRequest, token_id: int) -> None:
         """The model sampled ``token_id`` for ``request`` (``append_output_token_ids``)."""
         if type(token_id) is not int:
             token_id = _as_token(token_id)
-        request._all.append(token_id)  # the allocator learns it at the next publish or
-        # commit (one step-level call for every request: ``_sync_many``)
-        self._hash_filled(request)
+        with self._lock:  # (inline, as in allocate_slots)
+            tokens = request._all
+            tokens.append(token_id)  # the allocator learns it at the next publish or commit
+            # (one step-level call for every request: ``_sync_many``)
+            if self.enable_caching and (len(request.block_hashes) + 1) * self.block_size <= len(
+                    tokens):  # a block filled: hash it, as vLLM's Request does
+                self._hashes(request)
 
     @_locked
     def record_prefix_cache_stats(self, request: EngineRequest, num_hits: int) -> None:

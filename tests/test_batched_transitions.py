@@ -180,6 +180,59 @@ def test_a_block_released_by_several_holders_in_one_batch_is_let_go_once():
         assert ends[0][4] == []
 
 
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_share_batch_revives_cached_blocks_as_single_shares_do(checked):
+    """Prefix hits taken as one batch of the spec's share: zero-ref cached blocks (idle, and
+    busy under a launch in flight) leave the eviction queue once, even when two holders of
+    the batch share the same one; the pool, queue, retire queue and busy count end where the
+    single shares end."""
+    for in_flight in (False, True):
+        ends = []
+        for batched in (True, False):
+            a = BlockAllocator(16, 4, checked=checked)
+            a.add_request("p", list(range(13)))
+            a.allocate("p", 13)
+            a.publish(["p"]).complete()
+            a.commit("p", 12)  # three full blocks cached
+            held = a.block_table("p")[:3]
+            if in_flight:
+                a.publish(["p"])  # the freed blocks stay busy: a launch may read them
+            a.free("p")
+            pool = a.pool
+            assert all(pool.state[b] == 4 for b in held)  # zero-ref CACHED, in the queue
+            assert pool.cached_busy == (3 if in_flight else 0)
+            for r in ("x", "y"):
+                pool.open_holder(r)
+            items = [(held[0], "x"), (held[1], "x"), (held[0], "y"), (held[2], "y")]
+            if batched:
+                pool.run_many("share", items)
+            else:
+                for b, r in items:
+                    pool.share(b, r)
+            ends.append((pool.abstract(), list(pool.queue), list(pool.retire_queue),
+                         pool.cached_busy, pool.structure_errors()))
+        assert ends[0] == ends[1]
+        assert ends[0][3] == 0 and ends[0][4] == []
+        assert not set(held) & set(ends[0][1])  # revived: out of the eviction queue
+
+
+def test_prefix_hits_are_taken_as_one_share_batch():
+    """An admission's prefix hits go through ``run_many("share", ...)`` in table order."""
+    a = BlockAllocator(16, 4)
+    a.add_request("p", list(range(9)))
+    a.allocate("p", 9)
+    a.publish(["p"]).complete()
+    a.commit("p", 8)
+    a.free("p")
+    calls = []
+    run_many = a.pool.run_many
+    a.pool.run_many = lambda name, items: (calls.append((name, list(items))),
+                                           run_many(name, items))[1]
+    a.add_request("q", list(range(9)))
+    table = a.allocate("q", 9)
+    assert ("share", [(table[0], "q"), (table[1], "q")]) in calls
+
+
 # ---- batched allocation: take_many -----------------------------------------------------------
 def _admissions(seed: int, batched: bool) -> tuple:
     """Admissions of multi-block prompts over a shared prefix into a small pool: prefix hits,
