@@ -334,24 +334,31 @@ class KVCacheManager:
         else:
             touched = {id(e): e for _, entries in done for e in entries}.values()
         self._drain()
-        advance = self._advance
-        for e in touched:
-            advance(e)
-        self._commit_ready(touched)
+        self._commit_ready(touched, advance=True)
 
-    def _commit_ready(self, entries: Iterable[_Live]) -> None:
+    def _commit_ready(self, entries: Iterable[_Live], advance: bool = False) -> None:
         """Commit, in one step-level call, what each live entry may commit now (the tokens of
-        those positions synced first where the allocator does not know them yet)."""
-        live, target = self._live, self._commit_target
-        commits = [(e.req.request_id, n) for e in entries
-                   if live.get(e.req.request_id) is e and (n := target(e)) is not None]
+        those positions synced first where the allocator does not know them yet). With
+        ``advance``, each entry first takes in its completed launches (``_advance``)."""
+        live, target, take_in = self._live, self._commit_target, self._advance
+        ready: list[_Live] = []
+        commits: list[tuple[Hashable, int]] = []
+        unsynced: list[_Live] = []
+        for e in entries:
+            if advance:
+                take_in(e)
+            rid = e.req.request_id
+            if live.get(rid) is e and (n := target(e)) is not None:
+                ready.append(e)
+                commits.append((rid, n))
+                if e.known < n:
+                    unsynced.append(e)
         if commits:
-            unsynced = [e for (rid, n) in commits if (e := live[rid]).known < n]
             if unsynced:
                 self._sync_many(unsynced)
             self._alloc.commit_many(commits)
-            for rid, n in commits:
-                live[rid].computed = n
+            for e, (_, n) in zip(ready, commits, strict=True):
+                e.computed = n
             self._drain()
 
     def _check_rollback(self, entry: _Live, issued: int) -> None:

@@ -175,11 +175,13 @@ def commit_unwritten() -> Iterator[Spec]:
 
 @contextlib.contextmanager
 def share_revive_keeps_queued() -> Iterator[Spec]:
-    """share revives a CACHED block but leaves it in the eviction queue."""
+    """share revives a CACHED block but leaves it in the eviction queue: the single transition
+    (a fork) and a batch of them (an admission's prefix hits) alike."""
     from pagedkv.allocator.pool import BlockPool
     from pagedkv.spec import CACHED
 
     original = BlockPool.share
+    after_batch = BlockPool._after_share
 
     def share(self: Any, b: int, r: Any, *args: Any) -> None:
         was_cached = self.state[b] == CACHED
@@ -187,7 +189,15 @@ def share_revive_keeps_queued() -> Iterator[Spec]:
         if was_cached and not self.queue.inq[b]:
             self.queue.push_tail(b)
 
-    with _patched(BlockPool, "share", share):
+    def after_share(self: Any, done: Any, revived: Any) -> None:
+        after_batch(self, done, revived)
+        for b in dict.fromkeys(revived):
+            if not self.queue.inq[b]:
+                self.queue.push_tail(b)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(BlockPool, "share", share))
+        stack.enter_context(_patched(BlockPool, "_after_share", after_share))
         yield
 
 
