@@ -572,6 +572,14 @@ class BlockAllocator:
         req.tokens.extend(_check_tokens(token_ids))
         self._extend_hashes(req)
 
+    def _append_token(self, req: _Request, token_id: Any) -> None:
+        """``append_tokens(rid, [token_id])`` on a record the caller already holds (the engine
+        front door's per-token path, under the allocator's lock): the same check, the same
+        hashing of a block it fills."""
+        req.tokens += _check_tokens([token_id])
+        if (len(req.hashes) + 1) * self.block_size <= len(req.tokens):  # a block filled
+            self._extend_hashes(req)
+
     @_locked
     def append_tokens_many(self, updates: Sequence[tuple[Hashable, Sequence[int]]]) -> None:
         """The step-level ``append_tokens``: ``(rid, token_ids)`` pairs, each request once. All

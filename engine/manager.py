@@ -814,8 +814,15 @@ class KVCacheManager:
             token_id = _as_token(token_id)
         with self._lock:  # (inline, as in allocate_slots)
             tokens = request._all
-            tokens.append(token_id)  # the allocator learns it at the next publish or commit
-            # (one step-level call for every request: ``_sync_many``)
+            entry = self._live.get(request.request_id)
+            if entry is not None and entry.req is request and entry.known == len(tokens):
+                # The allocator knows every earlier token: tell it this one now (checked there
+                # first, so a refused id changes nothing). Otherwise (a rollback made it
+                # forget some) it learns them all at the next publish or commit
+                # (``_sync_many``).
+                self._alloc._append_token(entry.record, token_id)
+                entry.known += 1
+            tokens.append(token_id)
             if self.enable_caching and (len(request.block_hashes) + 1) * self.block_size <= len(
                     tokens):  # a block filled: hash it, as vLLM's Request does
                 self._hashes(request)

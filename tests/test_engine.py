@@ -709,3 +709,39 @@ def test_append_token_refuses_what_is_not_a_token_id_and_changes_nothing(bad):
     assert a.num_tokens == 3
     m.append_token(a, np.int64(9))  # a NumPy integer is a token id, stored as a plain int
     assert a.output_token_ids == [9] and type(a.all_token_ids[-1]) is int
+
+
+@pytest.mark.parametrize("name", ["num_new_computed_tokens", "num_lookahead_tokens",
+                                  "reserved_blocks", "num_external_computed_tokens",
+                                  "num_encoder_tokens"])
+@pytest.mark.parametrize("bad", [False, 0.0])
+def test_a_zero_like_count_is_refused_on_the_decode_fast_path(name, bad):
+    """A running request's growth within its table takes a fast path; a count given as a
+    bool or a float is still a ``TypeError`` there, and nothing changes."""
+    m = KVCacheManager(16, 8)
+    req = EngineRequest("a", [1, 2, 3])
+    assert m.allocate_slots(req, 3) is not None
+    req.status, req.num_computed_tokens = RequestStatus.RUNNING, 3
+    before = (m.get_block_ids("a"), m.allocator.num_reserved("a"), m.stats())
+    with pytest.raises(TypeError):
+        m.allocate_slots(req, 1, **{name: bad})
+    assert (m.get_block_ids("a"), m.allocator.num_reserved("a"), m.stats()) == before
+    assert m.allocate_slots(req, 1) is not None  # the plain call takes the fast path
+    assert m.allocator.num_reserved("a") == 4
+
+
+def test_a_token_id_past_int64_is_refused_by_append_token_and_changes_nothing():
+    """A running request's sampled id goes to the allocator at once (its int64 check there):
+    one out of range is refused before the request or the allocator records it."""
+    from pagedkv.allocator import InvalidArgument
+
+    m = KVCacheManager(16, 4)
+    req = EngineRequest("a", [1, 2, 3])
+    assert m.allocate_slots(req, 3) is not None
+    req.status, req.num_computed_tokens = RequestStatus.RUNNING, 3
+    with pytest.raises(InvalidArgument, match="64-bit"):
+        m.append_token(req, 2**63)
+    assert req.all_token_ids == [1, 2, 3]
+    assert m.allocator._req("a").tokens == [1, 2, 3]
+    m.append_token(req, 2**63 - 1)  # the largest id is one
+    assert m.allocator._req("a").tokens == req.all_token_ids == [1, 2, 3, 2**63 - 1]

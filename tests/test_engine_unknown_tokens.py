@@ -43,6 +43,50 @@ def test_async_steps_commit_a_sampled_position_once_its_token_is_appended() -> N
     assert hit_tokens(m, [1, 2, 3, 9, 9]) == 4
 
 
+def test_growth_within_the_table_commits_first_what_completed_launches_wrote() -> None:
+    """As above with a block of 8: the next call grows the table within its last block (the
+    manager's fast path for a decode step), and still commits position 3 first, now that its
+    token is known, as a growth that takes a block does."""
+    m = KVCacheManager(32, 8)
+    r = admitted(m, "r", [1, 2, 3])
+    first = m.publish([r])
+    r.num_computed_tokens = 3
+    assert m.allocate_slots(r, 1) is not None
+    second = m.publish([r])
+    r.num_computed_tokens = 4
+    m.complete(first)
+    m.complete(second)
+    assert m.allocator.num_computed("r") == 3
+    r.append_output_token_ids([9])
+    table = m.get_block_ids("r")
+    assert m.allocate_slots(r, 1) is not None
+    assert m.get_block_ids("r") == table  # within the table: no block taken
+    assert m.allocator.num_computed("r") == 4
+    assert m.allocator.num_reserved("r") == 5
+
+
+def test_a_token_appended_after_a_rollback_reaches_the_allocator_in_order() -> None:
+    """``append_token`` hands a sampled id to the allocator at once while it knows every
+    earlier one. After a rollback made it forget some (the ids past the new end are resent
+    at the next publish), a new id waits for them: the allocator's ids stay the request's."""
+    m = KVCacheManager(32, 8)
+    r = admitted(m, "r", [1, 2, 3])
+    m.complete(m.publish([r]))
+    r.num_computed_tokens = 3
+    m.append_token(r, 4)  # handed over at once
+    assert m.allocator._req("r").tokens == [1, 2, 3, 4]
+    assert m.allocate_slots(r, 3) is not None  # position 3 (token 4), drafts at 4 and 5
+    m.complete(m.publish([r]))
+    r.num_computed_tokens = 4  # both drafts rejected
+    m.append_token(r, 7)  # the id sampled at position 4
+    assert m.allocate_slots(r, 1) is not None  # rolls back to 4 positions, then grows
+    assert m.allocator._req("r").tokens == [1, 2, 3, 4]  # forgot 7 with the rollback
+    m.append_token(r, 8)
+    assert m.allocator._req("r").tokens == [1, 2, 3, 4]  # 8 waits for 7
+    m.publish([r])
+    assert m.allocator._req("r").tokens == r.all_token_ids == [1, 2, 3, 4, 7, 8]
+
+
 def test_verified_drafts_are_committed_up_to_the_accepted_tokens() -> None:
     m = KVCacheManager(32, B)
     r = admitted(m, "r", [1, 2, 3])
