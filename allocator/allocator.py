@@ -37,7 +37,7 @@ from pagedkv.spec.request_spec import RequestSpec, as_request_spec
 from pagedkv.spec.requests import initial_request_state
 from pagedkv.spec.states import ALLOCATED
 
-from .compiled import position_rule
+from .compiled import position_rule, position_rule_many
 from .errors import (
     AllocatorError,
     CommitError,
@@ -59,7 +59,7 @@ from .hashing import (
 from .launch import Launch, LaunchAlreadyCompleted
 from .pool import BlockPool
 from .request_view import materialize, request_view
-from .table import blocks_needed, check_count, slot_mapping, writes_per_block
+from .table import MAX_COUNT, blocks_needed, check_count, slot_mapping, writes_per_block
 from .table_rows import TableRows
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -606,14 +606,38 @@ class BlockAllocator:
         in order. All or nothing: every pair is checked before anything is committed (a
         commit only makes another's condition easier: it never un-writes a block). The
         spec's program is ``spec.calls.commit_many``: ``commit`` of each pair in order."""
-        written = self.pool.predicate(self.spec.slots_written, ("b", "k"))
-        bounds = position_rule(self.spec.commit_bounds, ("new", "issued", "known"))
-        check = self._commit_check
-        checked = [(req, check(req, n, written, bounds))
-                   for req, n in self._batch(updates, "commit_many")]
+        pairs = self._batch(updates, "commit_many")
+        if not self._commits_allowed(pairs):  # then each check, which says why
+            written = self.pool.predicate(self.spec.slots_written, ("b", "k"))
+            bounds = position_rule(self.spec.commit_bounds, ("new", "issued", "known"))
+            check = self._commit_check
+            pairs = [(req, check(req, n, written, bounds)) for req, n in pairs]
         commit = self._commit
-        for req, n in checked:
+        for req, n in pairs:
             commit(req, n)
+
+    def _commits_allowed(self, pairs: Sequence[tuple[_Request, Any]]) -> bool:
+        """Whether ``_commit_check`` passes every pair, each a plain int past what its
+        request committed, answered by the spec's ``commit_bounds`` and ``slots_written`` each
+        compiled into one loop over the batch (``position_rule_many``, ``predicate_many``).
+        False: some pair is not such an int, or some check fails (``_commit_check`` then
+        finds which, and why). Changes nothing."""
+        B = self.block_size
+        rows = []
+        for req, n in pairs:
+            if type(n) is not int or not req.computed < n <= MAX_COUNT:
+                return False
+            rows.append((n, req.issued, len(req.tokens)))
+        if position_rule_many(self.spec.commit_bounds, ("new", "issued", "known"))(B, rows) >= 0:
+            return False
+        # Within the table: n <= issued <= reserved <= len(table) * B (the bounds held).
+        cells = []
+        for req, n in pairs:
+            table = req.table
+            for i in range(req.computed // B, -(-n // B)):
+                k = n - i * B
+                cells.append((table[i], B if k > B else k))
+        return self.pool.predicate_many(self.spec.slots_written, ("b", "k"))(cells) < 0
 
     def _commit_check(self, req: _Request, num_tokens: Any, written: Any = None,
                       bounds: Any = None) -> int:

@@ -273,6 +273,53 @@ def predicate_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
     return _CODE_CACHE[key]
 
 
+def predicate_many_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
+    """Code of ``def many(items)``: the index of the first parameter tuple of ``items`` on
+    which the predicate is false (or cannot be evaluated: a ``TypeError``), or -1; or None."""
+    key = ("pred_many", fn, params)
+    if key not in _CODE_CACHE:
+        body = predicate_source(fn, params)
+        code = None
+        if body is not None:
+            code = compile(f"def many(items):\n"
+                           f"    for _i, ({', '.join(params)},) in enumerate(items):\n"
+                           f"        try:\n"
+                           f"            if not ({body}):\n"
+                           f"                return _i\n"
+                           f"        except TypeError:\n"
+                           f"            return _i\n"
+                           f"    return -1\n", f"<spec {label}, batched>", "exec")
+        _CODE_CACHE[key] = code
+    return _CODE_CACHE[key]
+
+
+def predicate_many_agrees(fn: Any, params: tuple[str, ...], code: Any) -> bool:
+    """The batched predicate agrees with the interpreted one on the probe states: on each
+    parameter tuple alone, and on all of them in one call."""
+    import itertools
+
+    key = ("many", fn, params)
+    if key not in _PROBE_CHECKED:
+        ok = True
+        try:
+            for p in _probe_pools():
+                ns = p.namespace()
+                exec(code, ns)
+                many = ns["many"]
+                combos = list(itertools.product(*(_PROBE_VALUES[x] for x in params)))
+                wants = [bool(fn(CONCRETE, p.view, **dict(zip(params, c, strict=True))))
+                         for c in combos]
+                if (any(many([c]) != (-1 if w else 0) for c, w in zip(combos, wants,
+                                                                     strict=True))
+                        or many(combos) != next((i for i, w in enumerate(wants) if not w), -1)):
+                    ok = False
+                    break
+        except Exception:  # noqa: BLE001 - any disagreement (even a crash) means: interpret
+            ok = False
+        _PROBE_CHECKED[key] = ok
+    return _PROBE_CHECKED[key]
+
+
 def effect_code(fn: Any, params: tuple[str, ...], label: str) -> Any:
     """Code of two functions: ``predict(*params)`` evaluated on the pre-state returns the keys
     and values the spec's effect writes (and r's predicted holds/nheld); ``check(P)`` on the
@@ -716,22 +763,84 @@ def _interpreted_rule(fn: Any) -> Any:
     return rule
 
 
-def _compile_rule(fn: Any, params: tuple[str, ...]) -> Any:
-    import itertools
-
+def _rule_terms(fn: Any, params: tuple[str, ...]) -> list[str] | None:
+    """The rule's conditions as Python sources over ``{p}_q``, ``{p}_o`` (each count's
+    blocks and offset), or None if they cannot be written out."""
     try:
         terms = fn(_SymOps, *((_Sym(f"{p}_q"), _Sym(f"{p}_o")) for p in params))
-        body = ", ".join(_truth(t) for t in terms)
+        return [_truth(t) for t in terms]
     except (_Unsupported, TypeError, AttributeError):
+        return None
+
+
+def _rule_counts(B: int, n: int) -> Any:
+    """The counts a compiled rule is checked on at block size B: every tuple of n counts up
+    to two blocks and one position."""
+    import itertools
+
+    return itertools.product(range(2 * B + 2), repeat=n)
+
+
+def _compile_rule(fn: Any, params: tuple[str, ...]) -> Any:
+    terms = _rule_terms(fn, params)
+    if terms is None:
         return None
     lines = [f"def rule(B, {', '.join(params)}):"]
     lines += [f"    {p}_q, {p}_o = divmod({p}, B)" for p in params]
-    lines.append(f"    return ({body},)")
+    lines.append(f"    return ({', '.join(terms)},)")
     namespace: dict[str, Any] = {}
     exec(compile("\n".join(lines), f"<spec {fn.__name__}, compiled>", "exec"), namespace)
     compiled, interpreted = namespace["rule"], _interpreted_rule(fn)
     for B in _RULE_CHECK_SIZES:
-        for counts in itertools.product(range(2 * B + 2), repeat=len(params)):
+        for counts in _rule_counts(B, len(params)):
             if tuple(map(bool, compiled(B, *counts))) != interpreted(B, *counts):
                 return None
+    return compiled
+
+
+_RULES_MANY: dict[Any, Any] = {}
+
+
+def position_rule_many(fn: Any, params: tuple[str, ...]) -> Any:
+    """``position_rule`` over many rows at once: ``f(B, rows) -> int``, the index of the first
+    row of counts (one per parameter) on which some condition of the rule fails, or -1. The
+    spec's own terms, compiled into one loop, and checked like ``position_rule`` (each probe
+    row alone, and all of them in one call, against the interpreted rule); if it differs
+    anywhere or cannot be compiled, a loop over ``position_rule`` runs instead."""
+    f = _RULES_MANY.get((fn, params))
+    if f is None:
+        f = _compile_rule_many(fn, params) or _looped_rule(position_rule(fn, params))
+        _RULES_MANY[fn, params] = f
+    return f
+
+
+def _looped_rule(rule: Any) -> Any:
+    def rule_many(B: int, rows: Any) -> int:
+        for i, row in enumerate(rows):
+            if not all(rule(B, *row)):
+                return i
+        return -1
+
+    return rule_many
+
+
+def _compile_rule_many(fn: Any, params: tuple[str, ...]) -> Any:
+    terms = _rule_terms(fn, params)
+    if terms is None:
+        return None
+    lines = ["def rule_many(B, rows):",
+             f"    for _i, ({', '.join(params)},) in enumerate(rows):"]
+    lines += [f"        {p}_q, {p}_o = divmod({p}, B)" for p in params]
+    lines += [f"        if not ({' and '.join(terms)}):", "            return _i", "    return -1"]
+    namespace: dict[str, Any] = {}
+    exec(compile("\n".join(lines), f"<spec {fn.__name__}, batched>", "exec"), namespace)
+    compiled, interpreted = namespace["rule_many"], _interpreted_rule(fn)
+    for B in _RULE_CHECK_SIZES:
+        rows = list(_rule_counts(B, len(params)))
+        wants = [all(interpreted(B, *row)) for row in rows]
+        if any(compiled(B, [row]) != (-1 if want else 0) for row, want in zip(rows, wants,
+                                                                             strict=True)):
+            return None
+        if compiled(B, rows) != next((i for i, w in enumerate(wants) if not w), -1):
+            return None
     return compiled

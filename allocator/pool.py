@@ -43,6 +43,8 @@ from .compiled import (
     effect_code,
     predicate_agrees,
     predicate_code,
+    predicate_many_agrees,
+    predicate_many_code,
     predicate_source,
 )
 from .errors import (
@@ -190,6 +192,31 @@ class BlockPool(PoolStorage):
             else:
                 def f(*args: Any, _fn: Any = fn, _view: Any = self.view) -> Any:
                     return _fn(CONCRETE, _view, *args)
+            self._predicates[key] = f
+        return f
+
+    def predicate_many(self, fn: Any, params: tuple[str, ...]) -> Any:
+        """``predicate`` over many parameter tuples at once: ``f(items) -> int``, the index of
+        the first tuple on which it is false, or -1. One compiled loop of the spec's predicate
+        (checked against the interpreted one on the probe states, alone and in one call),
+        else a loop over ``predicate``. Cached per function, as ``predicate``."""
+        key = ("many", fn, params)
+        f = self._predicates.get(key)
+        if f is None:
+            code = (predicate_many_code(fn, params, getattr(fn, "__name__", "predicate"))
+                    if self.compile_spec else None)
+            if code is not None and predicate_many_agrees(fn, params, code):
+                ns = self.namespace()
+                exec(code, ns)
+                f = ns["many"]
+            else:
+                single = self.predicate(fn, params)
+
+                def f(items: Any, _single: Any = single) -> int:
+                    for i, args in enumerate(items):
+                        if not _single(*args):
+                            return i
+                    return -1
             self._predicates[key] = f
         return f
 
