@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 
 from pagedkv.allocator import (
@@ -15,7 +14,6 @@ from pagedkv.allocator import (
     CommitError,
     InvalidArgument,
     OutOfBlocks,
-    TokensUnknown,
     UnknownRequest,
 )
 from pagedkv.proofs.call_refinement import CallModel
@@ -189,109 +187,3 @@ def test_a_batch_is_checked_against_its_spec_program():
         assert isinstance(got, CommitError)
         assert _snapshot(b) == before, "a refused commit_many changed the allocator"
 
-
-def _two_written(B: int = 4) -> BlockAllocator:
-    """Requests a and b, each with 6 known tokens and 6 positions written by a completed
-    launch, nothing committed yet."""
-    a = BlockAllocator(16, B)
-    for r in ("a", "b"):
-        a.add_request(r, list(range(6)))
-        a.allocate(r, 6)
-    a.publish(["a", "b"]).complete()
-    return a
-
-
-def test_commit_many_checks_a_batch_in_one_compiled_pass_of_the_spec_s_rules(monkeypatch):
-    a = _two_written()
-    monkeypatch.setattr(a, "_commit_check", lambda *args: pytest.fail("checked one by one"))
-    a.commit_many([("a", 5), ("b", 6)])
-    assert (a.num_computed("a"), a.num_computed("b")) == (5, 6)
-
-
-@pytest.mark.parametrize("pending", [False, True])
-def test_commit_many_refuses_a_pair_whose_block_a_launch_still_writes(pending):
-    """b's second block is being written by a launch in flight (or a's first pair reaches
-    past what was issued): the batch check fails, the pair-by-pair check names the
-    condition, and nothing is committed."""
-    a = _two_written()
-    a.allocate("b", 7)
-    a.append_tokens("b", [99])
-    launch = a.publish(["b"])  # writes position 6 of b's second block
-    before = _snapshot(a)
-    pairs = [("a", 6), ("b", 6)] if pending else [("a", 7), ("b", 6)]
-    with pytest.raises(CommitError, match="pending" if pending else "issued"):
-        a.commit_many(pairs)
-    assert _snapshot(a) == before
-    launch.complete()
-    a.commit_many([("a", 6), ("b", 7)])
-    assert (a.num_computed("a"), a.num_computed("b")) == (6, 7)
-
-
-def test_commit_many_refuses_tokens_not_known_and_counts_out_of_range():
-    a = _two_written()
-    a.allocate("a", 7)
-    a.publish(["a"]).complete()  # position 6 written, its token id not known yet
-    before = _snapshot(a)
-    with pytest.raises(TokensUnknown):
-        a.commit_many([("b", 6), ("a", 7)])
-    with pytest.raises(InvalidArgument):
-        a.commit_many([("b", 6), ("a", 2**63)])
-    assert _snapshot(a) == before
-    a.commit_many([("b", np.int64(6)), ("a", 6)])  # a NumPy count: checked pair by pair
-    assert type(a.num_computed("b")) is int  # and recorded as a plain int
-    a.commit_many([("b", 6), ("a", 6)])  # nothing new: allowed, changes nothing
-    assert (a.num_computed("a"), a.num_computed("b")) == (6, 6)
-    before = _snapshot(a)
-    with pytest.raises(CommitError, match="already committed"):
-        a.commit_many([("b", 6), ("a", 5)])  # commits never go back
-    assert _snapshot(a) == before
-
-
-def test_the_batched_commit_rules_are_the_spec_s():
-    from pagedkv.allocator.compiled import position_rule, position_rule_many
-    from pagedkv.spec.requests import commit_bounds
-    from pagedkv.spec.transitions import slots_written
-
-    params = ("new", "issued", "known")
-    many, single = position_rule_many(commit_bounds, params), position_rule(commit_bounds,
-                                                                             params)
-    assert many.__code__.co_filename == "<spec commit_bounds, batched>"
-    rng = random.Random(0)
-    for _ in range(200):
-        B = rng.choice((1, 2, 16))
-        rows = [tuple(rng.randrange(0, 40) for _ in params) for _ in range(rng.randrange(6))]
-        want = next((i for i, row in enumerate(rows) if not all(single(B, *row))), -1)
-        assert many(B, rows) == want
-
-    a = _two_written()
-    a.allocate("b", 7)
-    a.publish(["b"])  # a write pending on b's second block
-    pool = a.pool
-    written, written_many = (pool.predicate(slots_written, ("b", "k")),
-                             pool.predicate_many(slots_written, ("b", "k")))
-    assert written_many.__code__.co_filename == "<spec slots_written, batched>"
-    cells = [(b, k) for b in range(8) for k in range(5)]
-    for _ in range(200):
-        items = rng.sample(cells, rng.randrange(8))
-        assert written_many(items) == next(
-            (i for i, args in enumerate(items) if not written(*args)), -1)
-
-
-def test_batched_rules_the_compiler_cannot_express_run_interpreted():
-    from pagedkv.allocator.compiled import position_rule_many
-
-    def odd_offset(ops, a):
-        return [a[1] % 2 == 1]  # '%' on a term: not in the compiler's vocabulary
-
-    many = position_rule_many(odd_offset, ("a",))
-    assert not many.__code__.co_filename.startswith("<spec")
-    assert many(4, [(1,), (3,), (4,), (5,)]) == 2
-
-    def odd_fill(ops, s, b):
-        return s.filled[b] % 2 == 1
-
-    a = _two_written()
-    f = a.pool.predicate_many(odd_fill, ("b",))
-    assert not f.__code__.co_filename.startswith("<spec")
-    table = a.block_table("a")  # filled 4, 2
-    assert f([(table[0],)]) == 0 and f([]) == -1
