@@ -90,8 +90,7 @@ class PagedKVDriver:
             new = m.allocate_slots(req, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
             if new is None:
                 return None
-            self._scheduled[rid] = req
-            self._launched.discard(rid)  # positions allocated after the launch need another
+            self._schedule(rid, req)
             return list(new.block_ids)
         pending = self._pending.pop(rid, None)
         if pending is None:
