@@ -42,6 +42,33 @@ class BlockQueue:
         self.inq[b] = True
         self.length += 1
 
+    def push_tail_many(self, blocks: list[int]) -> None:
+        """``push_tail(b)`` for each b of ``blocks`` in order (none of them queued, each
+        once): linked as one chain, O(len(blocks)) in one call."""
+        self._push_chain(blocks, self._next, self._prev)
+
+    def push_head_many(self, blocks: list[int]) -> None:
+        """``push_head(b)`` for each b of ``blocks`` in order (none of them queued, each
+        once): the last one ends at the head, as by single pushes."""
+        self._push_chain(blocks, self._prev, self._next)
+
+    def _push_chain(self, blocks: list[int], out: list[int], back: list[int]) -> None:
+        """Link ``blocks`` one after another at the end ``back[sentinel]`` of the queue, where
+        ``out`` points away from the sentinel's side: the tail with (next, prev), the head
+        with the links' roles swapped."""
+        if not blocks:
+            return
+        inq, sentinel = self.inq, self._sentinel
+        end = back[sentinel]
+        for b in blocks:
+            out[end] = b
+            back[b] = end
+            inq[b] = True
+            end = b
+        out[end] = sentinel
+        back[sentinel] = end
+        self.length += len(blocks)
+
     def unlink(self, b: int) -> None:
         p, q = self._prev[b], self._next[b]
         self._next[p] = q

@@ -288,9 +288,7 @@ class BlockPool(PoolStorage):
         elif name == "evict":
             self._after_evict(done)
         elif name == "recycle":
-            push_head = self.queue.push_head
-            for args in done:
-                push_head(args[0])
+            self.queue.push_head_many([args[0] for args in done])
         if self.checked:
             self._check_invariants(name, {args[0] for args in done})
         trace, recycles = self.trace, name in ("end_write", "release", "evict")
@@ -364,8 +362,9 @@ class BlockPool(PoolStorage):
         whose last holder let it go is queued for the watermark when a launch that may read
         it is in flight, and a cached one joins the eviction queue's tail."""
         busy = stamp > self.clock[WATERMARK]
-        state, ref, queue = self.state, self.ref, self.queue
+        state, ref = self.state, self.ref
         seen: set[int] = set()  # a block released by several holders is let go once
+        cached: list[int] = []
         for (b, _r), before in zip(done, retired_before, strict=False):  # done: a prefix
             if ref[b] or b in seen:
                 continue
@@ -373,9 +372,10 @@ class BlockPool(PoolStorage):
             if busy and before != stamp:
                 self.retire_queue.append((stamp, b))
             if state[b] == CACHED:  # flagged queued by the spec's effect: link it
-                queue.push_tail(b)
-                if busy:
-                    self.cached_busy += 1
+                cached.append(b)
+        self.queue.push_tail_many(cached)
+        if busy:
+            self.cached_busy += len(cached)
 
     def _entry(self, name: str) -> tuple[Any, ...]:
         entry = self._fast.get(name)

@@ -43,6 +43,31 @@ def test_queue_matches_a_list_model(n, seed):
         _check(q, model, n)
 
 
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+@pytest.mark.parametrize("seed", range(6))
+def test_chains_pushed_at_once_match_single_pushes(n, seed):
+    """push_tail_many / push_head_many link what push_tail / push_head of each block in turn
+    would, from any queue (empty included), for chains of any length."""
+    rnd = random.Random(seed)
+    q, model = BlockQueue(n), list(range(n))
+    for _ in range(40):
+        out = [b for b in range(n) if b not in model]
+        op = rnd.choice(["unlink", "tail_many", "head_many"])
+        if op == "unlink" and model:
+            for b in rnd.sample(model, rnd.randint(1, len(model))):
+                q.unlink(b)
+                model.remove(b)
+        elif op != "unlink":
+            chain = rnd.sample(out, rnd.randint(0, len(out)))
+            if op == "tail_many":
+                q.push_tail_many(chain)
+                model += chain
+            else:
+                q.push_head_many(chain)
+                model[:0] = reversed(chain)
+        _check(q, model, n)
+
+
 def test_empty_and_refill():
     q = BlockQueue(2)
     q.unlink(0)
