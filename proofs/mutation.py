@@ -279,6 +279,13 @@ EQUIVALENT: dict[str, str] = {
        "pre-check before _extend_hashes, whose loop tests the unmutated condition itself: "
        "the mutant only calls it more often, and it hashes exactly the blocks filled"
        for op, new in (("arith", "- 1"), ("int-1", "+ 0"))},
+    **{f"allocator/allocator.py:_append_token:{op}:if (len(req.hashes) + 1) * self.block_size "
+       f"<= len(req.tokens):  # a block filled -> if (len(req.hashes) {new}) * self.block_size "
+       f"<= len(req.tokens):  # a block filled":
+       "pre-check before _extend_hashes, whose loop tests the unmutated condition itself: "
+       "the mutant only calls it more often, and it hashes exactly the blocks filled "
+       "(as append_tokens_many's)"
+       for op, new in (("arith", "- 1"), ("int-1", "+ 0"))},
     **{f"allocator/allocator.py:publish:{op}:if reserved <= (i + 1) * B:  # one block written "
        f"(a decode step): no split needed -> if {new} * B:  # one block written "
        f"(a decode step): no split needed":
