@@ -10,8 +10,9 @@
 #      torch being imported.
 # Needs python3 (3.11), pip, and the packages of constraints.txt from an index or the pip cache.
 # KEEP_WORK=1 keeps the work directory. VERIFY=full runs the full `pagedkv verify` (the main
-# job, as CI does: its table is printed and its reports are written to VERIFY_OUT, default the
-# checkout) instead of --quick. Exit status non-zero on the first failure.
+# job) instead of --quick. With VERIFY=full or VERIFY_OUT set (as CI does) the invariant report
+# is printed and verify-report.{json,md} are written to VERIFY_OUT (default the checkout);
+# otherwise only its last lines are shown. Exit status non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -144,9 +145,14 @@ print("   numpy launches without torch; KVCachePool loads it on use")
 PY
 
 if [ "${VERIFY:-quick}" = full ]; then
+  VERIFY_ARGS=()
+else
+  VERIFY_ARGS=(--quick)
+fi
+if [ "${VERIFY:-quick}" = full ] || [ -n "${VERIFY_OUT:-}" ]; then
   REPORTS=${VERIFY_OUT:-$ROOT}
-  step "pagedkv verify (the main job, from the installed wheel; reports in $REPORTS)"
-  "$V/pagedkv" verify --out-dir "$REPORTS" 2>&1 | tee "$WORK/verify.log" || {
+  step "pagedkv verify ${VERIFY_ARGS[*]} (from the installed wheel; reports in $REPORTS)"
+  "$V/pagedkv" verify "${VERIFY_ARGS[@]}" --out-dir "$REPORTS" 2>&1 | tee "$WORK/verify.log" || {
     echo "pagedkv verify failed (log above)" >&2
     exit 1
   }
