@@ -286,6 +286,20 @@ EQUIVALENT: dict[str, str] = {
        "the mutant only calls it more often, and it hashes exactly the blocks filled "
        "(as append_tokens_many's)"
        for op, new in (("arith", "- 1"), ("int-1", "+ 0"))},
+    "allocator/allocator.py:_commits_allowed:cmp:if type(n) is not int or not "
+    "req.computed < n <= MAX_COUNT: -> "
+    "if type(n) is not int or not req.computed <= n <= MAX_COUNT:":
+        "lets a pair with n == computed through the batch check; _commit_check accepts such a "
+        "pair without a condition (a commit of nothing new), so commit_many commits the same "
+        "pairs and refuses the same batches either way",
+    "allocator/allocator.py:_commits_allowed:cmp:if type(n) is not int or not "
+    "req.computed < n <= MAX_COUNT: -> "
+    "if type(n) is not int or not req.computed < n < MAX_COUNT:":
+        "sends a pair with n == MAX_COUNT to the per-pair checks, which decide it fully: the "
+        "batch check is a fast path only",
+    "allocator/allocator.py:_commits_allowed:cmp:cells.append((table[i], B if k > B else k)) "
+    "-> cells.append((table[i], B if k >= B else k))":
+        "k == B yields B either way",
     **{f"allocator/allocator.py:publish:{op}:if reserved <= (i + 1) * B:  # one block written "
        f"(a decode step): no split needed -> if {new} * B:  # one block written "
        f"(a decode step): no split needed":
