@@ -59,7 +59,7 @@ from .hashing import (
 from .launch import Launch, LaunchAlreadyCompleted
 from .pool import BlockPool
 from .request_view import materialize, request_view
-from .table import MAX_COUNT, blocks_needed, check_count, slot_mapping, writes_per_block
+from .table import MAX_COUNT, blocks_needed, check_count, writes_per_block
 from .table_rows import TableRows
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -164,40 +164,16 @@ def _check_tokens(token_ids: Iterable[int]) -> list[int]:
     return tokens
 
 
-def _slots(tables: np.ndarray, block_size: int, starts: Sequence[int],
-           counts: np.ndarray) -> np.ndarray:
-    """int64 slots (``block * B + offset``) of positions ``starts[k] ..`` (``counts[k]`` of
-    them) of each row ``k`` of ``tables``, in row order: the launch's slot mapping."""
-    total = int(counts.sum())
-    row = np.repeat(np.arange(len(counts)), counts)
-    first = np.cumsum(counts) - counts  # where each row's positions begin in the output
-    pos = np.arange(total) - np.repeat(first - np.asarray(starts, dtype=np.int64), counts)
-    return tables[row, pos // block_size].astype(np.int64) * block_size + pos % block_size
-
-
-# Positions a launch writes up to which a Python loop over the tables computes the slot
-# mapping faster than the vectorized ``_slots`` (whose setup costs about 10 us): a decode step.
-SMALL_LAUNCH_POSITIONS = 64
-
-
-def _slots_listed(tables: Sequence[Sequence[int]], block_size: int, starts: Sequence[int],
-                  stops: Sequence[int]) -> np.ndarray:
-    """``_slots`` from the tables as Python lists, positions ``starts[k] .. stops[k] - 1`` of
-    each table ``k`` (``table.slot_mapping`` of each): the same int64 slot mapping."""
-    out: list[int] = []
-    for table, start, stop in zip(tables, starts, stops, strict=True):
-        out += slot_mapping(table, block_size, start, stop)
-    return np.array(out, dtype=np.int64)
-
-
-def _launch_slots(rows: np.ndarray, tables: Sequence[Sequence[int]], block_size: int,
-                  starts: Sequence[int], stops: Sequence[int], counts: np.ndarray) -> np.ndarray:
-    """A launch's slot mapping (positions ``starts[k] .. stops[k] - 1``, ``counts[k]`` of them,
-    of each table ``k``, given as the launch's int32 ``rows`` and as Python lists): by a loop
-    for up to ``SMALL_LAUNCH_POSITIONS`` positions, else vectorized."""
-    if sum(stops) - sum(starts) <= SMALL_LAUNCH_POSITIONS:
-        return _slots_listed(tables, block_size, starts, stops)
-    return _slots(rows, block_size, starts, counts)
+def _launch_slots(first_slots: Sequence[int], counts: Sequence[int]) -> np.ndarray:
+    """A launch's int64 slot mapping from its writes, in launch order: write ``k`` fills
+    ``counts[k]`` consecutive positions of one block, whose slots are ``first_slots[k] ..
+    first_slots[k] + counts[k] - 1`` (``block * B + offset``)."""
+    first = np.array(first_slots, dtype=np.int64)
+    total = sum(counts)
+    if total == len(first):  # one position per write: a decode step
+        return first
+    n = np.array(counts, dtype=np.int64)
+    return np.repeat(first - (np.cumsum(n) - n), n) + np.arange(total, dtype=np.int64)
 
 
 class BlockAllocator:
@@ -895,6 +871,8 @@ class BlockAllocator:
             pool.release(src, rid)
         writes: list[tuple[int, Hashable, int]] = []
         written: list[int] = []  # the blocks of ``writes``
+        first_slots: list[int] = []  # per write: the slot of its first position ...
+        counts: list[int] = []  # ... and how many positions it writes
         starts: list[int] = []
         seq_lens: list[int] = []
         rows: list[int] = []
@@ -915,8 +893,12 @@ class BlockAllocator:
                 per_block: Any = ((i, reserved - issued),)
             else:
                 per_block = writes_per_block(B, issued, reserved).items()
+            offset = issued - i * B  # the first block is written from there, the others from 0
             for i, w in per_block:
                 b = table[i]
+                first_slots.append(b * B + offset)
+                counts.append(w)
+                offset = 0
                 if b in copied:
                     w += issued % B  # the copy writes the shared slots too
                 writes.append((b, req.rid, w))
@@ -932,8 +914,7 @@ class BlockAllocator:
             block_tables=bt,
             seq_lens=lens,
             query_lens=query_lens,
-            slot_mapping=_launch_slots(bt, [req.table for req in reqs], B, starts, seq_lens,
-                                       query_lens),
+            slot_mapping=_launch_slots(first_slots, counts),
             table_generations=tg,
             copies=np.asarray(copies, dtype=np.int32).reshape(-1, 2),
             writes=tuple(written),

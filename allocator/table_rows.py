@@ -23,11 +23,12 @@ _EMPTY = -1
 class TableRows:
     """Rows of block ids and their generations, -1 past each table's end."""
 
-    __slots__ = ("blocks", "gens", "_free")
+    __slots__ = ("_both", "blocks", "gens", "_free")
 
     def __init__(self, rows: int = 16, width: int = 16) -> None:
-        self.blocks = np.full((rows, width), _EMPTY, dtype=np.int32)
-        self.gens = np.full((rows, width), _EMPTY, dtype=np.int32)
+        # Block ids and generations in one array, so that a launch copies both in one index.
+        self._both = np.full((2, rows, width), _EMPTY, dtype=np.int32)
+        self.blocks, self.gens = self._both
         self._free = list(range(rows - 1, -1, -1))
 
     @property
@@ -44,8 +45,7 @@ class TableRows:
 
     def close(self, row: int, length: int) -> None:
         """The row's request is gone: clear its ``length`` entries and reuse the row."""
-        self.blocks[row, :length] = _EMPTY
-        self.gens[row, :length] = _EMPTY
+        self._both[:, row, :length] = _EMPTY
         self._free.append(row)
 
     def put(self, row: int, start: int, blocks: Sequence[int], gens: Sequence[int]) -> None:
@@ -58,13 +58,12 @@ class TableRows:
 
     def cut(self, row: int, keep: int, length: int) -> None:
         """Drop entries ``keep .. length - 1``."""
-        self.blocks[row, keep:length] = _EMPTY
-        self.gens[row, keep:length] = _EMPTY
+        self._both[:, row, keep:length] = _EMPTY
 
     def take(self, rows: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the rows' first ``width`` entries (block ids, generations)."""
-        index = np.asarray(rows, dtype=np.intp)
-        return self.blocks[index, :width], self.gens[index, :width]
+        both = self._both[:, rows, :width]
+        return both[0], both[1]
 
     def mismatches(self, row: int, table: Sequence[int], gens: Sequence[int]) -> bool:
         """Whether the row differs from ``table`` (with those generations), -1 after it."""
@@ -76,8 +75,7 @@ class TableRows:
                 or bool((self.blocks[row, n:] != _EMPTY).any()))
 
     def _resize(self, rows: int, width: int) -> None:
-        for name in ("blocks", "gens"):
-            old = getattr(self, name)
-            new = np.full((rows, width), _EMPTY, dtype=np.int32)
-            new[: old.shape[0], : old.shape[1]] = old
-            setattr(self, name, new)
+        old = self._both
+        self._both = np.full((2, rows, width), _EMPTY, dtype=np.int32)
+        self._both[:, : old.shape[1], : old.shape[2]] = old
+        self.blocks, self.gens = self._both

@@ -625,6 +625,17 @@ class KVCacheManager:
                 num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
                 full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
 
+    def _cannot_admit(self, request: EngineRequest, given: int, target: int,
+                      full_sequence_must_fit: bool, reserved_blocks: int) -> bool:
+        """Whether a waiting request that was given ``given`` hit blocks cannot be admitted
+        even if they are the cache's hits now (else the lookup is stale, which refuses it
+        too): the blocks it needs beyond them exceed the usable ones, without counting the
+        idle hits and the watermark, which can only add to that need."""
+        B, usable = self.block_size, self._pool.usable()
+        if full_sequence_must_fit and _cdiv(request.num_tokens, B) - given > usable:
+            return True
+        return _cdiv(target, B) - given > usable - reserved_blocks
+
     def _allocate_slots(
         self,
         request: EngineRequest,
@@ -670,6 +681,10 @@ class KVCacheManager:
             if request.num_computed_tokens:
                 raise ValueError(f"{request!r} holds no blocks but num_computed_tokens is "
                                  f"{request.num_computed_tokens} (preempt resets it to 0)")
+            if new_computed_blocks is not None and self._cannot_admit(
+                    request, len(given), num_new_computed_tokens + num_new_tokens
+                    + num_lookahead_tokens, full_sequence_must_fit, reserved_blocks):
+                return None  # before the lookup, which could only make it None too (stale)
             hits = self._lookup(request)
             if list(given) != hits:
                 if new_computed_blocks is None:

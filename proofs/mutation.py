@@ -348,19 +348,6 @@ EQUIVALENT: dict[str, str] = {
     "-> if not keys or set(map(type, keys)) < _PLAIN_KEY_TYPES:":
         "keys of all three plain types then go through _canonical_key, which returns a plain "
         "key as is: an equal tuple",
-    "allocator/allocator.py:_slots_listed:bool:for table, start, stop in zip(tables, starts, "
-    "stops, strict=True): -> for table, start, stop in zip(tables, starts, stops, "
-    "strict=False):":
-        "its one caller (_launch_slots from publish) builds the three lists from the same "
-        "requests, one entry each: they have equal lengths",
-    **{f"allocator/allocator.py:_launch_slots:{op}:if sum(stops) - sum(starts) <= "
-       f"SMALL_LAUNCH_POSITIONS: -> if {new}:":
-       "only chooses which of the two slot-mapping paths runs, and both compute each table's "
-       "table.slot_mapping (tests/test_table_rows.py compares them on random tables and on "
-       "launches either side of the bound)"
-       for op, new in (("negate-if", "not (sum(stops) - sum(starts) <= SMALL_LAUNCH_POSITIONS)"),
-                       ("arith", "sum(stops) + sum(starts) <= SMALL_LAUNCH_POSITIONS"),
-                       ("cmp", "sum(stops) - sum(starts) < SMALL_LAUNCH_POSITIONS"))},
     **{f"allocator/allocator.py:_extend:cmp:req.reserved <= num_tokens <= len(table) * "
        f"self.block_size): -> {new} * self.block_size):":
        "fast path for growth within the table: a bound it no longer lets through (num_tokens "

@@ -298,6 +298,9 @@ def test_stale_lookup_is_refused_and_missing_lookup_is_an_error() -> None:
     d = EngineRequest("d", range(9))
     with pytest.raises(ValueError, match="get_computed_blocks"):
         m.allocate_slots(d, 9)  # the first allocation takes the hits: pass the lookup
+    e = EngineRequest("e", range(40))  # more than the pool holds: refused, but no lookup
+    with pytest.raises(ValueError, match="get_computed_blocks"):  # passed: an error first
+        m.allocate_slots(e, 40)
 
 
 def test_lookups_that_went_stale_with_room_to_spare_are_refused() -> None:
@@ -745,3 +748,46 @@ def test_a_token_id_past_int64_is_refused_by_append_token_and_changes_nothing():
     assert m.allocator._req("a").tokens == [1, 2, 3]
     m.append_token(req, 2**63 - 1)  # the largest id is one
     assert m.allocator._req("a").tokens == req.all_token_ids == [1, 2, 3, 2**63 - 1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_admissions_refused_before_the_lookup_decide_as_after_it(seed: int) -> None:
+    """``allocate_slots`` refuses a waiting request whose need beyond the blocks it was given
+    exceeds the usable ones before looking the hits up again (``_cannot_admit``). Two
+    managers in lockstep, one without that shortcut, on admissions with the lookup's hits,
+    stale hits and fewer hits, whole-sequence or not, with reserved blocks: the same answers
+    and the same state."""
+    rng = random.Random(seed)
+    fast, slow = mgr(24), mgr(24)
+    slow._cannot_admit = lambda *args: False  # type: ignore[method-assign]
+    prompts = [list(range(base, base + rng.randrange(2, 30))) for base in (0, 0, 0, 50, 50)]
+    live: list[str] = []
+    for k in range(60):
+        if live and rng.random() < 0.3:
+            rid = live.pop(rng.randrange(len(live)))
+            for m in (fast, slow):
+                m.free(m._live[rid].req)
+            continue
+        rid = f"r{k}"
+        tokens = rng.choice(prompts) + [1000 + k] * rng.randrange(0, 6)
+        reqs = [EngineRequest(rid, tokens), EngineRequest(rid, tokens)]
+        given = [m.get_computed_blocks(r) for m, r in zip((fast, slow), reqs, strict=True)]
+        blocks, hits, _ = given[0]
+        if hits and rng.random() < 0.3:  # fewer hits than the cache has: stale
+            blocks = KVCacheBlocks(blocks.block_ids[:-1])
+            hits -= B
+        kw = dict(full_sequence_must_fit=rng.random() < 0.5, reserved_blocks=rng.randrange(3))
+        n = rng.randrange(1, len(tokens) - hits + 1)
+        out = [m.allocate_slots(r, n, hits, blocks, **kw)
+               for m, r in zip((fast, slow), reqs, strict=True)]
+        assert (out[0] is None) == (out[1] is None)
+        assert out[0] is None or out[0].block_ids == out[1].block_ids
+        if out[0] is not None:
+            live.append(rid)
+            for r in reqs:
+                r.status = RequestStatus.RUNNING
+                r.num_computed_tokens = hits
+            run_step(fast, [reqs[0]])
+            run_step(slow, [reqs[1]])
+        assert snapshot(fast)[:8] == snapshot(slow)[:8]  # (8: each its own null holder)
+        assert fast.allocator.requests[1:] == slow.allocator.requests[1:]

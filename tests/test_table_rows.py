@@ -15,7 +15,7 @@ from pagedkv.allocator import (
     InvariantViolation,
     OutOfBlocks,
 )
-from pagedkv.allocator.allocator import SMALL_LAUNCH_POSITIONS, _slots, _slots_listed
+from pagedkv.allocator.allocator import _launch_slots
 from pagedkv.allocator.table import slot_mapping
 from pagedkv.allocator.table_rows import TableRows
 
@@ -104,37 +104,44 @@ def test_a_copy_on_write_left_out_of_the_rows_is_caught(monkeypatch) -> None:
         alloc.check_invariants()
 
 
-def test_slots_match_the_per_table_slot_mapping() -> None:
+def test_launch_slots_expand_each_write_into_its_consecutive_slots() -> None:
     rng = np.random.default_rng(1)
-    tables = rng.integers(0, 1000, size=(5, 9)).astype(np.int32)
-    starts = [0, 3, 35, 17, 36]
-    counts = np.asarray([7, 0, 1, 19, 0])
-    want = [s for k in range(5)
-            for s in slot_mapping(tables[k].tolist(), B, starts[k], starts[k] + counts[k])]
-    got = _slots(tables, B, starts, counts)
+    first = rng.integers(0, 10_000, size=7).tolist()
+    counts = [3, 1, 4, 1, 1, 2, 4]
+    want = [f + j for f, n in zip(first, counts, strict=True) for j in range(n)]
+    got = _launch_slots(first, counts)
     assert got.dtype == np.int64 and got.tolist() == want
-    listed = _slots_listed(tables.tolist(), B, starts, (np.asarray(starts) + counts).tolist())
-    assert listed.dtype == np.int64 and listed.tolist() == want
+    ones = _launch_slots(first, [1] * 7)  # the decode step's shortcut
+    assert ones.dtype == np.int64 and ones.tolist() == first
+    assert _launch_slots([], []).dtype == np.int64 and len(_launch_slots([], [])) == 0
 
 
-@pytest.mark.parametrize("extra", [-1, 0, 1])
-def test_launch_slot_mappings_either_side_of_the_small_launch_bound(extra: int) -> None:
-    """A launch of up to ``SMALL_LAUNCH_POSITIONS`` written positions computes its slot mapping
-    by a loop over the tables, a larger one vectorized: both are each table's slot mapping."""
-    n = SMALL_LAUNCH_POSITIONS + extra
-    alloc = BlockAllocator(4 * n, B)
-    alloc.add_request("a", list(range(5)))
-    alloc.add_request("b", list(range(100, 103)))
-    alloc.allocate("a", 5)
-    alloc.allocate("b", 3)
-    alloc.publish(["a", "b"]).complete()
-    alloc.allocate("a", 5 + n - 7)
-    alloc.allocate("b", 3 + 7)
-    launch = alloc.publish(["a", "b"])
-    want = (slot_mapping(alloc.block_table("a"), B, 5, 5 + n - 7)
-            + slot_mapping(alloc.block_table("b"), B, 3, 10))
-    assert len(want) == n
-    assert launch.slot_mapping.dtype == np.int64 and launch.slot_mapping.tolist() == want
+@pytest.mark.parametrize("seed", range(4))
+def test_launch_slot_mappings_are_each_tables_slot_mapping(seed: int) -> None:
+    """Prefills, chunks across block boundaries, decode steps and requests with nothing new,
+    in one launch: the slot mapping is each table's ``table.slot_mapping`` of the positions
+    it writes, concatenated in launch order."""
+    rng = random.Random(seed)
+    alloc = BlockAllocator(400, B)
+    rids = [f"r{k}" for k in range(6)]
+    for rid in rids:
+        alloc.add_request(rid, [rng.randrange(1000) for _ in range(rng.randrange(1, 12))])
+    for _ in range(8):
+        batch = [rid for rid in rids if rng.random() < 0.8] or rids[:1]
+        before = {}
+        for rid in batch:
+            done = alloc.num_reserved(rid)
+            before[rid] = done
+            grow = rng.choice([0, 1, 1, rng.randrange(1, 3 * B)])
+            if done + grow == 0:
+                grow = 1
+            alloc.append_tokens(rid, [rng.randrange(1000) for _ in range(grow)])
+            alloc.allocate(rid, done + grow)
+        launch = alloc.publish(batch)
+        want = [s for rid in batch for s in slot_mapping(
+            alloc.block_table(rid), B, before[rid], alloc.num_reserved(rid))]
+        assert launch.slot_mapping.dtype == np.int64 and launch.slot_mapping.tolist() == want
+        launch.complete()
 
 
 def test_rows_grow_without_moving_other_rows() -> None:
