@@ -386,7 +386,9 @@ _PROBE_CHECKED: dict[Any, bool] = {}
 
 
 def batch_code(t: Any, label: str) -> Any:
-    """Code of ``run_many(items)``: transition t on each parameter tuple of ``items`` in turn,
+    """Code of ``run_many(items)`` and ``run_where(items)``.
+
+    ``run_many``: transition t on each parameter tuple of ``items`` in turn,
     its guard and its effect both the spec's own, compiled. Each guard is evaluated on the
     state the previous elements left; the effect's stores are computed on that state (as the
     spec's effect reads its pre-state: every key and value that reads the pool is evaluated
@@ -395,7 +397,8 @@ def batch_code(t: Any, label: str) -> Any:
     straight into the pool's lists and holders' sets. Returns the index of the
     first element whose guard fails or cannot be evaluated (a ``TypeError``: an unhashable
     holder; the caller's single transition then says why), it and the rest not applied; or
-    -1.
+    -1. ``run_where``: the same loop applying t to each element whose guard holds then (and
+    can be evaluated), skipping the others; returns the elements applied, in order.
 
     Only for transitions whose effect stores into list fields and holders' sets (no hash
     map, no launch set): None otherwise, and the caller runs the single transitions."""
@@ -461,15 +464,25 @@ def batch_source(t: Any) -> str | None:
                     k, v = pure(k), pure(v)
                     stores.append(f"        {attr}[{k}] = {v}")
             params = ", ".join(t.params)
+            body = "\n".join(_hoisted(reads, guard, t.params) + stores)
             src = (f"def run_many(items):\n"
                    f"    for _i, ({params},) in enumerate(items):\n"
                    f"        try:\n"
                    f"            if not ({guard}):\n"
                    f"                return _i\n"
                    f"        except TypeError:\n"  # an unhashable holder: refused, unapplied
-                   f"            return _i\n" + "\n".join(_hoisted(reads, guard, t.params)
-                                                     + stores)
-                   + "\n    return -1\n")
+                   f"            return _i\n" + body + "\n    return -1\n"
+                   f"\n\n"
+                   f"def run_where(items):\n"
+                   f"    _done = []\n"
+                   f"    for _item in items:\n"
+                   f"        ({params},) = _item\n"
+                   f"        try:\n"
+                   f"            if not ({guard}):\n"
+                   f"                continue\n"
+                   f"        except TypeError:\n"
+                   f"            continue\n" + body + "\n        _done.append(_item)\n"
+                   "    return _done\n")
         except _Unsupported:
             src = None
     return src
@@ -550,7 +563,8 @@ def batch_agrees(t: Any, code: Any) -> bool:
     """On the probe states, for every parameter tuple: ``run_many`` of it alone refuses
     exactly where the interpreted guard fails (changing nothing) and otherwise leaves the
     pool exactly where the interpreted effect puts it; and a batch of two equals the two
-    applied one after the other by the interpreted spec."""
+    applied one after the other by the interpreted spec, and so does a batch of every tuple.
+    ``run_where`` likewise, skipping each element whose interpreted guard fails."""
     import itertools
 
     key = ("batch", t.effect, t.guard, t.params, code)
@@ -564,20 +578,28 @@ def batch_agrees(t: Any, code: Any) -> bool:
             ns = mine.namespace()  # bound to mine's lists, which copy_from fills in place
             exec(code, ns)
             pairs = [(c, d) for c in combos[seed::7] for d in combos[::11]]
-            for batch in [[c] for c in combos] + [list(pair) for pair in pairs]:
-                mine.copy_from(pre)
-                spec.copy_from(pre)
-                got = ns["run_many"](batch)
-                want = -1
-                for i, combo in enumerate(batch):
-                    kw = dict(zip(t.params, combo, strict=True))
-                    if not t.guard(CONCRETE, spec.view, **kw):
-                        want = i
+            for batch in [[c] for c in combos] + [list(pair) for pair in pairs] + [combos]:
+                for where in (False, True):
+                    mine.copy_from(pre)
+                    spec.copy_from(pre)
+                    got = ns["run_where" if where else "run_many"](batch)
+                    want: Any = [] if where else -1
+                    for i, combo in enumerate(batch):
+                        kw = dict(zip(t.params, combo, strict=True))
+                        if not t.guard(CONCRETE, spec.view, **kw):
+                            if where:
+                                continue
+                            want = i
+                            break
+                        spec.write(t.effect(CONCRETE, spec.view, **kw), kw.get("r"),
+                                   kw.get("b"))
+                        if where:
+                            want.append(combo)
+                    if got != want or any(getattr(mine, a) != getattr(spec, a)
+                                          for a in ATTRIBUTES):
+                        ok = False
                         break
-                    spec.write(t.effect(CONCRETE, spec.view, **kw), kw.get("r"), kw.get("b"))
-                if got != want or any(getattr(mine, a) != getattr(spec, a)
-                                      for a in ATTRIBUTES):
-                    ok = False
+                if not ok:
                     break
             if not ok:
                 break

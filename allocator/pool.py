@@ -151,7 +151,8 @@ class BlockPool(PoolStorage):
                               self.gen, self.init, self.hash, self.queue.inq)
         self._fast: dict[str, tuple[Any, ...]] = {}
         self._predicates: dict[tuple[Any, ...], Any] = {}
-        self._batched: dict[str, tuple[Any, Any]] = {}  # name -> (transition, run_many | None)
+        # name -> (transition, run_many | None, run_where | None)
+        self._batched: dict[str, tuple[Any, Any, Any]] = {}
         self._invs: list[tuple[str, str, Any]] | None = None
         self._clock_invs: list[tuple[str, str, Any]] | None = None
         self._all_invariants_hold: Any = None
@@ -256,17 +257,22 @@ class BlockPool(PoolStorage):
         """The compiled batch of spec transition ``name`` (``compiled.batch_code``, used only
         if ``batch_agrees`` with the interpreted spec), or None: run the single transitions.
         Compiled anew when the spec entry is replaced."""
+        return self._compiled_batch(name)[1]
+
+    def _compiled_batch(self, name: str) -> tuple[Any, Any, Any]:
+        """(the spec entry, its ``run_many``, its ``run_where``), both None if it does not
+        compile or the compiled code disagrees with the interpreted spec."""
         t = self.spec[name]
         fn = self._batched.get(name)
         if fn is None or fn[0] is not t:
             code = batch_code(t, name) if self.compile_spec else None
-            run = None
+            run = where = None
             if code is not None and batch_agrees(t, code):
                 ns = self.namespace()
                 exec(code, ns)
-                run = ns["run_many"]
-            fn = self._batched[name] = (t, run)
-        return fn[1]
+                run, where = ns["run_many"], ns["run_where"]
+            fn = self._batched[name] = (t, run, where)
+        return fn
 
     def _run_batch(self, name: str, run: Any, items: Sequence[tuple[Any, ...]],
                    unlinked: Any = None) -> None:
@@ -312,16 +318,19 @@ class BlockPool(PoolStorage):
     def _recycle_ready(self, done: Sequence[tuple[Any, ...]]) -> None:
         """Recycle, as one batch of the spec's ``recycle``, each block of ``done`` (in order,
         once) whose recycle guard holds now: what ``_recycle_if_safe`` does per block."""
-        state, guard = self.state, self._entry("recycle")[1]
-        ready: list[tuple[int]] = []
-        seen: set[int] = set()
-        for args in done:
-            b = args[0]
-            if state[b] == RECLAIMED and b not in seen and guard(b):
-                seen.add(b)
-                ready.append((b,))
-        if ready:
-            self.run_many("recycle", ready)
+        state = self.state
+        where = self._compiled_batch("recycle")[2]
+        if where is None or self.trace is not None:  # one recycle at a time, each recorded
+            for args in done:
+                self._recycle_if_safe(args[0])
+            return
+        # The compiled loop applies the spec's recycle where its guard holds: a block whose
+        # guard fails, or a repeat of one recycled already (FREE now), is skipped.
+        recycled = where([(args[0],) for args in done if state[args[0]] == RECLAIMED])
+        if recycled:
+            self.queue.push_head_many([b for b, in recycled])
+            if self.checked:
+                self._check_invariants("recycle", [b for b, in recycled])
 
     def _after_allocate(self, done: Sequence[tuple[Any, ...]]) -> None:
         """What ``allocate`` does beyond the spec's effect, for a batch the compiled loop

@@ -22,7 +22,7 @@ def _after_guard(src: str) -> list[str]:
     start = next(i for i, line in enumerate(lines) if line.strip() == "return _i") + 1
     start = next(i for i, line in enumerate(lines[start:], start)
                  if line.strip() == "return _i") + 1  # past the TypeError branch too
-    return lines[start:]
+    return lines[start:lines.index("    return -1")]  # run_many's, not run_where's
 
 
 @pytest.mark.parametrize("name", BlockPool.BATCHED)
@@ -118,3 +118,16 @@ def test_a_wrong_hash_map_store_is_caught_before_it_runs(name, wrong):
     assert wrong[0] in src
     bad = src.replace(*wrong)
     assert not batch_agrees(TRANSITIONS[name], compile(bad, "<wrong>", "exec"))
+
+
+@pytest.mark.parametrize("name", BlockPool.BATCHED)
+@pytest.mark.parametrize("wrong", [("                continue\n", "                pass\n"),
+                                   ("        _done.append(_item)\n", "")])
+def test_a_run_where_that_applies_refused_elements_or_misreports_is_caught(name, wrong):
+    """``run_where`` (apply where the guard holds, skip the rest) is checked on the probe
+    states beside ``run_many``: one that applies an element its guard refuses, or returns
+    other elements than it applied, is refused (the pool then runs single transitions)."""
+    t = TRANSITIONS[name]
+    src = batch_source(t)
+    assert src.count(wrong[0]) == 1
+    assert not batch_agrees(t, compile(src.replace(*wrong), "<wrong>", "exec"))
