@@ -559,18 +559,19 @@ def _holds_entries(arr: Any) -> list[tuple[str, str, str]]:
     return out
 
 
-def batch_agrees(t: Any, code: Any) -> bool:
+def batch_agrees(t: Any, code: Any, fn: str = "run_many") -> bool:
     """On the probe states, for every parameter tuple: ``run_many`` of it alone refuses
     exactly where the interpreted guard fails (changing nothing) and otherwise leaves the
     pool exactly where the interpreted effect puts it; and a batch of two equals the two
-    applied one after the other by the interpreted spec, and so does a batch of every tuple.
-    ``run_where`` likewise, skipping each element whose interpreted guard fails."""
+    applied one after the other by the interpreted spec. ``fn="run_where"`` checks
+    ``run_where`` likewise (skipping each element whose interpreted guard fails), and on a
+    batch of every probe tuple too."""
     import itertools
 
-    key = ("batch", t.effect, t.guard, t.params, code)
+    key = ("batch", t.effect, t.guard, t.params, code, fn)
     if key in _PROBE_CHECKED:
         return _PROBE_CHECKED[key]
-    ok = True
+    ok, where = True, fn == "run_where"
     try:
         combos = list(itertools.product(*(_PROBE_VALUES[x] for x in t.params)))
         for seed, pre in enumerate(_effect_probe_pools(t)):
@@ -578,28 +579,25 @@ def batch_agrees(t: Any, code: Any) -> bool:
             ns = mine.namespace()  # bound to mine's lists, which copy_from fills in place
             exec(code, ns)
             pairs = [(c, d) for c in combos[seed::7] for d in combos[::11]]
-            for batch in [[c] for c in combos] + [list(pair) for pair in pairs] + [combos]:
-                for where in (False, True):
-                    mine.copy_from(pre)
-                    spec.copy_from(pre)
-                    got = ns["run_where" if where else "run_many"](batch)
-                    want: Any = [] if where else -1
-                    for i, combo in enumerate(batch):
-                        kw = dict(zip(t.params, combo, strict=True))
-                        if not t.guard(CONCRETE, spec.view, **kw):
-                            if where:
-                                continue
-                            want = i
-                            break
-                        spec.write(t.effect(CONCRETE, spec.view, **kw), kw.get("r"),
-                                   kw.get("b"))
+            batches = [[c] for c in combos] + [list(pair) for pair in pairs]
+            for batch in batches + [combos] if where else batches:
+                mine.copy_from(pre)
+                spec.copy_from(pre)
+                got = ns[fn](batch)
+                want: Any = [] if where else -1
+                for i, combo in enumerate(batch):
+                    kw = dict(zip(t.params, combo, strict=True))
+                    if not t.guard(CONCRETE, spec.view, **kw):
                         if where:
-                            want.append(combo)
-                    if got != want or any(getattr(mine, a) != getattr(spec, a)
-                                          for a in ATTRIBUTES):
-                        ok = False
+                            continue
+                        want = i
                         break
-                if not ok:
+                    spec.write(t.effect(CONCRETE, spec.view, **kw), kw.get("r"), kw.get("b"))
+                    if where:
+                        want.append(combo)
+                if got != want or any(getattr(mine, a) != getattr(spec, a)
+                                      for a in ATTRIBUTES):
+                    ok = False
                     break
             if not ok:
                 break

@@ -151,8 +151,8 @@ class BlockPool(PoolStorage):
                               self.gen, self.init, self.hash, self.queue.inq)
         self._fast: dict[str, tuple[Any, ...]] = {}
         self._predicates: dict[tuple[Any, ...], Any] = {}
-        # name -> (transition, run_many | None, run_where | None)
-        self._batched: dict[str, tuple[Any, Any, Any]] = {}
+        # (name, "run_many" | "run_where") -> (transition, the compiled function | None)
+        self._batched: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._invs: list[tuple[str, str, Any]] | None = None
         self._clock_invs: list[tuple[str, str, Any]] | None = None
         self._all_invariants_hold: Any = None
@@ -257,22 +257,24 @@ class BlockPool(PoolStorage):
         """The compiled batch of spec transition ``name`` (``compiled.batch_code``, used only
         if ``batch_agrees`` with the interpreted spec), or None: run the single transitions.
         Compiled anew when the spec entry is replaced."""
-        return self._compiled_batch(name)[1]
+        return self._compiled_batch(name, "run_many")
 
-    def _compiled_batch(self, name: str) -> tuple[Any, Any, Any]:
-        """(the spec entry, its ``run_many``, its ``run_where``), both None if it does not
-        compile or the compiled code disagrees with the interpreted spec."""
+    def _compiled_batch(self, name: str, fn: str) -> Any:
+        """Spec transition ``name``'s compiled ``run_many`` or ``run_where``
+        (``compiled.batch_code``), each used only if it ``batch_agrees`` with the interpreted
+        spec (checked on its first use), or None. Compiled anew when the spec entry is
+        replaced."""
         t = self.spec[name]
-        fn = self._batched.get(name)
-        if fn is None or fn[0] is not t:
+        entry = self._batched.get((name, fn))
+        if entry is None or entry[0] is not t:
             code = batch_code(t, name) if self.compile_spec else None
-            run = where = None
-            if code is not None and batch_agrees(t, code):
+            run = None
+            if code is not None and batch_agrees(t, code, fn):
                 ns = self.namespace()
                 exec(code, ns)
-                run, where = ns["run_many"], ns["run_where"]
-            fn = self._batched[name] = (t, run, where)
-        return fn
+                run = ns[fn]
+            entry = self._batched[name, fn] = (t, run)
+        return entry[1]
 
     def _run_batch(self, name: str, run: Any, items: Sequence[tuple[Any, ...]],
                    unlinked: Any = None) -> None:
@@ -319,7 +321,7 @@ class BlockPool(PoolStorage):
         """Recycle, as one batch of the spec's ``recycle``, each block of ``done`` (in order,
         once) whose recycle guard holds now: what ``_recycle_if_safe`` does per block."""
         state = self.state
-        where = self._compiled_batch("recycle")[2]
+        where = self._compiled_batch("recycle", "run_where")
         if where is None or self.trace is not None:  # one recycle at a time, each recorded
             for args in done:
                 self._recycle_if_safe(args[0])

@@ -130,4 +130,5 @@ def test_a_run_where_that_applies_refused_elements_or_misreports_is_caught(name,
     t = TRANSITIONS[name]
     src = batch_source(t)
     assert src.count(wrong[0]) == 1
-    assert not batch_agrees(t, compile(src.replace(*wrong), "<wrong>", "exec"))
+    code = compile(src.replace(*wrong), "<wrong>", "exec")
+    assert batch_agrees(t, code) and not batch_agrees(t, code, "run_where")

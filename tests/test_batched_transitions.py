@@ -373,7 +373,7 @@ def test_checked_mode_catches_a_wrong_allocate_in_the_batch(changes, invariant):
             assert info.value.invariant == invariant
         else:
             assert pool.take_many("a", 3) == [0, 1, 2]
-        assert pool._batched["allocate"][1] is not None, "it ran the compiled batch"
+        assert pool._batched["allocate", "run_many"][1] is not None, "it ran the compiled batch"
 
 
 def _differs_when_compiled() -> object:
@@ -403,7 +403,7 @@ def test_an_allocate_batch_that_disagrees_with_its_spec_is_not_run(checked, monk
         pool.open_holder("a")
         if many:
             got = pool.take_many("a", 5)
-            assert pool._batched["allocate"][1] is None, "the batch was rejected"
+            assert pool._batched["allocate", "run_many"][1] is None, "the batch was rejected"
         else:
             got = [pool.take("a") for _ in range(5)]
         ends.append((got, pool.abstract(), pool.trace, list(pool.queue)))
@@ -411,7 +411,7 @@ def test_an_allocate_batch_that_disagrees_with_its_spec_is_not_run(checked, monk
     assert ends[0][1].filled[0] == 0
     from pagedkv.allocator import pool as pool_module
 
-    monkeypatch.setattr(pool_module, "batch_agrees", lambda t, code: True)
+    monkeypatch.setattr(pool_module, "batch_agrees", lambda t, code, fn="run_many": True)
     unchecked = BlockPool(8, 4, checked=False, spec=spec)
     unchecked.open_holder("a")
     unchecked.take_many("a", 5)
