@@ -574,7 +574,7 @@ class BlockAllocator:
         """Positions below ``num_tokens`` are written (their launches completed): full blocks
         below it become REFERENCED and enter the prefix cache (spec: commit)."""
         req = self._req(rid)
-        self._commit(req, self._commit_check(req, num_tokens))
+        self._commit([(req, self._commit_check(req, num_tokens))])
 
     @_confirmed("commit_many")
     def commit_many(self, updates: Sequence[tuple[Hashable, int]]) -> None:
@@ -588,9 +588,7 @@ class BlockAllocator:
             bounds = position_rule(self.spec.commit_bounds, ("new", "issued", "known"))
             check = self._commit_check
             pairs = [(req, check(req, n, written, bounds)) for req, n in pairs]
-        commit = self._commit
-        for req, n in pairs:
-            commit(req, n)
+        self._commit(pairs)
 
     def _commits_allowed(self, pairs: Sequence[tuple[_Request, Any]]) -> bool:
         """Whether ``_commit_check`` passes every pair, each a plain int past what its
@@ -651,22 +649,25 @@ class BlockAllocator:
                 )
         return num_tokens
 
-    def _commit(self, req: _Request, num_tokens: int) -> None:
-        """Commit checked by ``_commit_check``: the full blocks it completes enter the cache."""
-        B = self.block_size
-        first, full = req.computed // B, num_tokens // B
-        req.computed = num_tokens  # every committed token is known, so its block hash exists
-        if not self.prefix_caching or first == full:  # no block filled (most decode steps)
-            return
+    def _commit(self, pairs: Sequence[tuple[_Request, int]]) -> None:
+        """Commits checked by ``_commit_check``, in order: the full blocks each completes enter
+        the cache."""
+        B, caching = self.block_size, self.prefix_caching
         pool = self.pool
-        state, table, hashes, hmap = pool.state, req.table, req.hashes, pool.hmap
-        rid = req.rid
-        # No hash repeats in one chain (block 0's parent is 0, which no hash is, and a later
-        # block's parent is a hash), so none of these commits makes another's hash cached.
-        commits = [(table[i], rid, hashes[i]) for i in range(first, full)
-                   if state[table[i]] == PUBLISHED and hashes[i] not in hmap]
-        if commits:  # one compiled batch of the spec's commit (as these commits one by one)
-            pool.run_many("commit", commits)
+        state, hmap = pool.state, pool.hmap
+        for req, num_tokens in pairs:
+            first, full = req.computed // B, num_tokens // B
+            req.computed = num_tokens  # every committed token is known: its block hash exists
+            if not caching or first == full:  # no block filled (most decode steps)
+                continue
+            table, hashes, rid = req.table, req.hashes, req.rid
+            # No hash repeats in one chain (block 0's parent is 0, which no hash is, and a
+            # later block's parent is a hash), so none of these commits makes another's hash
+            # cached.
+            commits = [(table[i], rid, hashes[i]) for i in range(first, full)
+                       if state[table[i]] == PUBLISHED and hashes[i] not in hmap]
+            if commits:  # one compiled batch of the spec's commit (as these one by one)
+                pool.run_many("commit", commits)
 
     @_confirmed("truncate")
     def truncate(self, rid: Hashable, num_tokens: int) -> list[int]:
