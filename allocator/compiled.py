@@ -580,7 +580,7 @@ def batch_agrees(t: Any, code: Any, fn: str = "run_many") -> bool:
             exec(code, ns)
             pairs = [(c, d) for c in combos[seed::7] for d in combos[::11]]
             batches = [[c] for c in combos] + [list(pair) for pair in pairs]
-            for batch in batches + [combos] if where else batches:
+            for batch in (batches + [combos]) if where else batches:
                 mine.copy_from(pre)
                 spec.copy_from(pre)
                 got = ns[fn](batch)

@@ -330,9 +330,10 @@ class BlockPool(PoolStorage):
         # guard fails, or a repeat of one recycled already (FREE now), is skipped.
         recycled = where([(args[0],) for args in done if state[args[0]] == RECLAIMED])
         if recycled:
-            self.queue.push_head_many([b for b, in recycled])
+            blocks = [b for b, in recycled]
+            self.queue.push_head_many(blocks)
             if self.checked:
-                self._check_invariants("recycle", [b for b, in recycled])
+                self._check_invariants("recycle", blocks)
 
     def _after_allocate(self, done: Sequence[tuple[Any, ...]]) -> None:
         """What ``allocate`` does beyond the spec's effect, for a batch the compiled loop

@@ -625,16 +625,25 @@ class KVCacheManager:
                 num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
                 full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
 
-    def _cannot_admit(self, request: EngineRequest, given: int, target: int,
+    def _refused_before_lookup(self, request: EngineRequest, target: int, given: int,
+                               full_sequence_must_fit: bool, reserved_blocks: int) -> bool:
+        """A waiting request that does not fit even if the ``given`` blocks are the cache's
+        hits now, without the idle hits and the watermark (which only add to the need): the
+        lookup that follows could only refuse it too (stale), so it is skipped."""
+        return self._does_not_fit(request, target, given, 0, full_sequence_must_fit,
+                                  reserved_blocks)
+
+    def _does_not_fit(self, request: EngineRequest, target: int, have: int, extra: int,
                       full_sequence_must_fit: bool, reserved_blocks: int) -> bool:
-        """Whether a waiting request that was given ``given`` hit blocks cannot be admitted
-        even if they are the cache's hits now (else the lookup is stale, which refuses it
-        too): the blocks it needs beyond them exceed the usable ones, without counting the
-        idle hits and the watermark, which can only add to that need."""
+        """Whether growing the request to ``target`` positions (with
+        ``full_sequence_must_fit``: to its whole sequence too) needs more blocks than are
+        usable: the blocks beyond the ``have`` it holds or takes as hits, plus ``extra`` (idle
+        hits it revives, the watermark), against the usable ones (less ``reserved_blocks``)."""
         B, usable = self.block_size, self._pool.usable()
-        if full_sequence_must_fit and _cdiv(request.num_tokens, B) - given > usable:
+        if (full_sequence_must_fit
+                and max(_cdiv(request.num_tokens, B) - have, 0) + extra > usable):
             return True
-        return _cdiv(target, B) - given > usable - reserved_blocks
+        return max(_cdiv(target, B) - have, 0) + extra > usable - reserved_blocks
 
     def _allocate_slots(
         self,
@@ -681,10 +690,10 @@ class KVCacheManager:
             if request.num_computed_tokens:
                 raise ValueError(f"{request!r} holds no blocks but num_computed_tokens is "
                                  f"{request.num_computed_tokens} (preempt resets it to 0)")
-            if new_computed_blocks is not None and self._cannot_admit(
-                    request, len(given), num_new_computed_tokens + num_new_tokens
-                    + num_lookahead_tokens, full_sequence_must_fit, reserved_blocks):
-                return None  # before the lookup, which could only make it None too (stale)
+            if new_computed_blocks is not None and self._refused_before_lookup(
+                    request, num_new_computed_tokens + num_new_tokens + num_lookahead_tokens,
+                    len(given), full_sequence_must_fit, reserved_blocks):
+                return None
             hits = self._lookup(request)
             if list(given) != hits:
                 if new_computed_blocks is None:
@@ -726,13 +735,8 @@ class KVCacheManager:
             # refuse it; the allocator's growth, which finds nothing to take.
             alloc._extend(entry.record, target)
             return self.empty_kv_cache_blocks
-        usable = pool.usable()
-        if full_sequence_must_fit:
-            full = max(_cdiv(request.num_tokens, B) - table_len - len(hits), 0)
-            if full + idle_hits + watermark > usable:
-                return None
-        need = max(_cdiv(target, B) - table_len - len(hits), 0)
-        if need + idle_hits + watermark > usable - reserved_blocks:
+        if self._does_not_fit(request, target, table_len + len(hits), idle_hits + watermark,
+                              full_sequence_must_fit, reserved_blocks):
             return None
         if entry is None:
             alloc.add_request(rid, request._all, cache_salt=request.cache_salt,

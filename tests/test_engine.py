@@ -753,13 +753,13 @@ def test_a_token_id_past_int64_is_refused_by_append_token_and_changes_nothing():
 @pytest.mark.parametrize("seed", range(6))
 def test_admissions_refused_before_the_lookup_decide_as_after_it(seed: int) -> None:
     """``allocate_slots`` refuses a waiting request whose need beyond the blocks it was given
-    exceeds the usable ones before looking the hits up again (``_cannot_admit``). Two
+    exceeds the usable ones before looking the hits up again (``_refused_before_lookup``). Two
     managers in lockstep, one without that shortcut, on admissions with the lookup's hits,
     stale hits and fewer hits, whole-sequence or not, with reserved blocks: the same answers
     and the same state."""
     rng = random.Random(seed)
     fast, slow = mgr(24), mgr(24)
-    slow._cannot_admit = lambda *args: False  # type: ignore[method-assign]
+    slow._refused_before_lookup = lambda *args: False  # type: ignore[method-assign]
     prompts = [list(range(base, base + rng.randrange(2, 30))) for base in (0, 0, 0, 50, 50)]
     live: list[str] = []
     for k in range(60):
