@@ -148,6 +148,13 @@ def _ordered(values: Any, what: str) -> list[Any]:
         raise InvalidArgument(f"{what} must be a sequence, got {type(values).__name__}") from None
 
 
+def _within_table(req: _Request, num_tokens: Any, B: int) -> bool:
+    """Growing req to ``num_tokens`` positions stays within its non-empty table (B positions
+    per entry): a plain int from its reserved positions up to its table's end."""
+    return bool(req.table) and type(num_tokens) is int and (
+        req.reserved <= num_tokens <= len(req.table) * B)
+
+
 def _check_tokens(token_ids: Iterable[int]) -> list[int]:
     if type(token_ids) is list and len(token_ids) == 1:  # a decode step's one sampled token
         t = token_ids[0]
@@ -456,9 +463,7 @@ class BlockAllocator:
 
     def _extend(self, req: _Request, num_tokens: Any) -> list[int]:
         """Plan the growth, reclaim what it needs, grow: the entries added."""
-        table = req.table
-        if table and type(num_tokens) is int and (
-                req.reserved <= num_tokens <= len(table) * self.block_size):
+        if _within_table(req, num_tokens, self.block_size):
             # A running request's growth within its table (most decode steps): no hit, no new
             # block, nothing to reclaim; what _growth, _plan_room and _grow find then.
             self._reserved_total += num_tokens - req.reserved
@@ -477,8 +482,11 @@ class BlockAllocator:
         table must be non-empty (an admission takes prefix hits: ``allocate``); a request
         appears once. The spec's program is ``spec.calls.allocate_many``: ``allocate`` of
         each pair in order."""
+        pairs = self._batch(grow, "allocate_many")
+        if self._grows_within_tables(pairs):
+            return [[] for _ in pairs]
         plans = []
-        for req, n in self._batch(grow, "allocate_many"):
+        for req, n in pairs:
             if not req.table:
                 raise InvalidArgument(
                     f"allocate_many grows running requests; {req.rid!r} has an empty table "
@@ -486,6 +494,20 @@ class BlockAllocator:
             plans.append((req, *self._growth(req, n)))
         self._reclaim_launches(self._plan_room(sum(plan[3] for plan in plans)))
         return [self._grow(*plan) for plan in plans]
+
+    def _grows_within_tables(self, pairs: Sequence[tuple[_Request, Any]]) -> bool:
+        """If every pair grows its request within its non-empty table (most decode steps),
+        reserve the positions and return True: no hit, no new block, nothing to reclaim,
+        what ``_growth``, ``_plan_room`` and ``_grow`` find then (``_extend``'s fast path, for
+        a batch). Otherwise change nothing and return False."""
+        B = self.block_size
+        for req, n in pairs:
+            if not _within_table(req, n, B):
+                return False
+        for req, n in pairs:
+            self._reserved_total += n - req.reserved
+            req.reserved = n
+        return True
 
     def _batch(self, items: Any, call: str) -> list[tuple[_Request, Any]]:
         """``(rid, value)`` pairs of a step-level call: known requests, each once."""

@@ -15,6 +15,13 @@ first commit of a step publishes and completes the step's launch), ``append`` of
 token. Prints the median over the rounds of each call's time per request and step, the totals
 beside vLLM's, and, fitted over the batch sizes, each driver's cost per step as
 ``fixed + per_request * N`` (least squares).
+
+Two more rows, in the same rounds, run the same decode steps through ``BlockAllocator``'s
+step-level calls, as an engine that batches its step would make them (``step-level`` unchecked
+and checked): ``allocate_many`` of one more position each (the allocate column), one
+``publish`` of the batch, its completion and ``commit_many`` (commit), ``append_tokens_many``
+of the sampled tokens (append). No per-request call crosses the engine front door there: the
+difference from the ``pagedkv`` rows is what the per-request, vLLM-shaped calls cost.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +42,9 @@ ANCHOR = Path(__file__).resolve().parents[1].parent / "shared" / "anchors" / "vl
 CALLS = ("step", "allocate", "commit", "append")
 
 
-def drivers() -> dict[str, Callable[..., Any]]:
+def runners() -> dict[str, Callable[..., dict[str, float]]]:
+    """Each row's round: ``run(n, steps, prompt, block_size, seed)``, seconds per request and
+    step of each call."""
     from pagedkv.engine.driver import make, make_checked
 
     if not (ANCHOR / "vllm_kv.py").is_file():
@@ -42,13 +52,20 @@ def drivers() -> dict[str, Callable[..., Any]]:
     sys.path.insert(0, str(ANCHOR))
     import vllm_kv  # the anchor's driver over vLLM's real KVCacheManager
 
-    return {"vllm": vllm_kv.make, "pagedkv": make, "pagedkv checked": make_checked}
+    return {"vllm": partial(one_round, vllm_kv.make), "pagedkv": partial(one_round, make),
+            "pagedkv checked": partial(one_round, make_checked),
+            "step-level": partial(one_round_step_level, False),
+            "step-level checked": partial(one_round_step_level, True)}
+
+
+def pool_blocks(n: int, steps: int, prompt: int, block_size: int) -> int:
+    return n * (-(-(prompt + steps + block_size) // block_size)) + 64
 
 
 def one_round(factory: Callable[..., Any], n: int, steps: int, prompt: int, block_size: int,
               seed: int) -> dict[str, float]:
     """Seconds per request and step of each call, over ``steps`` decode steps of n requests."""
-    num_blocks = n * (-(-(prompt + steps + block_size) // block_size)) + 64
+    num_blocks = pool_blocks(n, steps, prompt, block_size)
     kv = factory(num_blocks, block_size, enable_caching=True)
     rng = random.Random(seed)
     rids = [f"r{i}" for i in range(n)]
@@ -89,6 +106,44 @@ def one_round(factory: Callable[..., Any], n: int, steps: int, prompt: int, bloc
     return {call: t / (steps * n) for call, t in spent.items()}
 
 
+def one_round_step_level(checked: bool, n: int, steps: int, prompt: int, block_size: int,
+                         seed: int) -> dict[str, float]:
+    """``one_round``'s prompts and decode steps through ``BlockAllocator``'s step-level calls
+    (see the module docstring); ``step`` has no call there."""
+    from pagedkv.allocator import BlockAllocator
+
+    alloc = BlockAllocator(pool_blocks(n, steps, prompt, block_size), block_size,
+                           prefix_caching=True, checked=checked)
+    rng = random.Random(seed)
+    rids = [f"r{i}" for i in range(n)]
+    for r in rids:
+        alloc.add_request(r, [rng.randrange(32000) for _ in range(prompt)])
+        alloc.allocate(r, prompt)
+    alloc.publish(rids).complete()
+    alloc.commit_many([(r, prompt) for r in rids])
+    alloc.append_tokens_many([(r, [rng.randrange(32000)]) for r in rids])
+    tokens = [rng.randrange(32000) for _ in range(steps)]
+    spent = dict.fromkeys(CALLS, 0.0)
+    computed = prompt
+    clock = time.perf_counter
+    gc.collect()
+    for s in range(steps):
+        t1 = clock()
+        alloc.allocate_many([(r, computed + 1) for r in rids])
+        t2 = clock()
+        computed += 1
+        alloc.publish(rids).complete()
+        alloc.commit_many([(r, computed) for r in rids])
+        t3 = clock()
+        token = tokens[s]
+        alloc.append_tokens_many([(r, [token]) for r in rids])
+        t4 = clock()
+        spent["allocate"] += t2 - t1
+        spent["commit"] += t3 - t2
+        spent["append"] += t4 - t3
+    return {call: t / (steps * n) for call, t in spent.items()}
+
+
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     """Least-squares ``(fixed, per_request)`` of ``us_per_step = fixed + per_request * n``."""
     ns = [n for n, _ in points]
@@ -113,19 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in args.requests.split(",") if x.strip()]
     if not sizes or min(sizes) < 1 or args.steps < 1 or args.repeat < 1 or args.prompt < 1:
         ap.error("--requests, --steps, --repeat and --prompt need positive values")
-    makers = drivers()
+    makers = runners()
     figures: dict[str, dict[int, dict[str, float]]] = {name: {} for name in makers}
     for n in sizes:
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in makers}
         for k in range(args.repeat):
-            for name, factory in makers.items():
-                rounds[name].append(one_round(factory, n, args.steps, args.prompt,
-                                              args.block_size, args.seed + k))
+            for name, run in makers.items():
+                rounds[name].append(run(n, args.steps, args.prompt, args.block_size,
+                                        args.seed + k))
         for name, runs in rounds.items():
             med = {call: statistics.median(r[call] for r in runs) * 1e6 for call in CALLS}
             med["total"] = statistics.median(sum(r.values()) for r in runs) * 1e6
             figures[name][n] = med
-    header = f"{'requests':>8s} {'driver':16s} " + " ".join(f"{c:>9s}" for c in CALLS) + (
+    header = f"{'requests':>8s} {'driver':18s} " + " ".join(f"{c:>9s}" for c in CALLS) + (
         f" {'total':>9s} {'/ vLLM':>7s} {'/ unchecked':>11s}")
     print("us per request and step (median of the rounds)")
     print(header)
@@ -133,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in makers:
             f = figures[name][n]
             ratio = f["total"] / figures["vllm"][n]["total"]
-            vs_unchecked = (f"{f['total'] / figures['pagedkv'][n]['total']:11.2f}"
-                            if name == "pagedkv checked" else f"{'':11s}")
-            print(f"{n:8d} {name:16s} " + " ".join(f"{f[c]:9.2f}" for c in CALLS)
+            unchecked = name.removesuffix(" checked")
+            vs_unchecked = (f"{f['total'] / figures[unchecked][n]['total']:11.2f}"
+                            if name != unchecked else f"{'':11s}")
+            print(f"{n:8d} {name:18s} " + " ".join(f"{f[c]:9.2f}" for c in CALLS)
                   + f" {f['total']:9.2f} {ratio:7.2f} {vs_unchecked}")
     fits: dict[str, dict[str, float]] = {}
     if len(sizes) > 1:
@@ -143,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in makers:
             fixed, per = fit([(n, figures[name][n]["total"] * n) for n in sizes])
             fits[name] = {"fixed_us": fixed, "per_request_us": per}
-            print(f"{name:16s} fixed {fixed:8.1f} us   per request {per:6.2f} us")
+            print(f"{name:18s} fixed {fixed:8.1f} us   per request {per:6.2f} us")
     if args.json:
         out = {"config": vars(args), "us_per_request_step": figures, "fit": fits}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
