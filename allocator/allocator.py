@@ -902,31 +902,34 @@ class BlockAllocator:
         width = 0  # the longest table: the launch's block tables are that wide
         for req in reqs:
             table = req.table
-            req.published = len(table)
-            if len(table) > width:
-                width = len(table)
+            req.published = n = len(table)
+            if n > width:
+                width = n
             rows.append(req.row)
             issued, reserved = req.issued, req.reserved
             starts.append(issued)
             seq_lens.append(reserved)
             if issued == reserved:
                 continue
-            i = issued // B
+            req.issued = reserved
+            i, offset = divmod(issued, B)  # the first block is written from offset on
             if reserved <= (i + 1) * B:  # one block written (a decode step): no split needed
-                per_block: Any = ((i, reserved - issued),)
-            else:
-                per_block = writes_per_block(B, issued, reserved).items()
-            offset = issued - i * B  # the first block is written from there, the others from 0
-            for i, w in per_block:
+                b = table[i]
+                first_slots.append(b * B + offset)
+                counts.append(reserved - issued)
+                # a copy writes the shared slots too
+                writes.append((b, req.rid, reserved - i * B if b in copied else reserved - issued))
+                written.append(b)
+                continue
+            for i, w in writes_per_block(B, issued, reserved).items():
                 b = table[i]
                 first_slots.append(b * B + offset)
                 counts.append(w)
-                offset = 0
                 if b in copied:
-                    w += issued % B  # the copy writes the shared slots too
+                    w += offset  # the copy writes the shared slots too
+                offset = 0  # the blocks after the first are written from their slot 0
                 writes.append((b, req.rid, w))
                 written.append(b)
-            req.issued = reserved
         if writes:
             pool.run_many("begin_write", writes)
         bt, tg = self._rows.take(rows, width)
