@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pagedkv.spec import CONCRETE, NO_HASH, PARAM_KINDS, Overlay
+from pagedkv.spec import ALL_STATES, CONCRETE, NO_HASH, PARAM_KINDS, Overlay
 from pagedkv.spec.model import FIELD_DEFAULT, INDEX_KIND
 
 from .storage import ALIVE, ATTRIBUTES, DICT, FIELDS, HOLDS, NHELD, PoolStorage, read_source
@@ -535,6 +535,81 @@ def _hoisted(reads: list[str], guard: str, params: tuple[str, ...]) -> list[str]
             done.append((name, expr))
             done.sort(key=lambda pair: -len(pair[1]))
     return [f"        {v} = {cell}" for cell, v in cells.items()] + body
+
+
+def fused_check_source(bodies: list[tuple[str, str]]) -> str:
+    """``def first_failing(blocks)``: the first block of ``blocks`` on which one of the
+    predicate sources ``bodies`` is false, or None; and ``def each(b)``: the value of every
+    body at block b, in order (what ``fused_check_agrees`` compares with the spec). Each body
+    is ``(scope, source)``: over a block ``b`` (scope ``"block"``) or over the block's hash
+    ``h`` (``"hash"``), and the pool's arrays. Each list cell the bodies read at ``b``, or at a
+    constant index of ``clock``, is read once per block into a local: the conjunction of the
+    local invariants reads ``state[b]`` about thirty times. Only for blocks of the pool (every
+    read at ``b`` is in range)."""
+    cells: dict[str, str] = {}
+    if any(scope == "hash" for scope, _ in bodies):
+        cells["hash[b]"] = "h"
+
+    def local(m: re.Match[str]) -> str:
+        field, key = m.group(1), m.group(2)
+        if key != "b" and not (field == "clock" and key.isdigit()):
+            return m.group(0)
+        return cells.setdefault(m.group(0), f"_c{len(cells)}")
+
+    terms = [f"({_CELL.sub(local, body)})" for _, body in bodies]
+
+    def reads(indent: str) -> str:
+        return "".join(f"{indent}{name} = {cell}\n" for cell, name in cells.items())
+
+    return ("def first_failing(blocks):\n"
+            "    for b in blocks:\n" + reads("        ")
+            + f"        if not ({' and '.join(terms)}):\n"
+            "            return b\n"
+            "    return None\n"
+            "\n\n"
+            "def each(b):\n" + reads("    ")
+            + f"    return ({', '.join(f'bool{t}' for t in terms)},)\n")
+
+
+def _invalid_state_pool() -> PoolStorage:
+    """A fresh pool whose block 0 has no state of the spec's (the probes' states are all
+    valid)."""
+    p = PoolStorage(4, 4)
+    p.state[0] = max(ALL_STATES) + 1
+    return p
+
+
+def fused_check_agrees(src: str, invariants: list[Any]) -> bool:
+    """``fused_check_source``'s functions agree with the interpreted invariants (block- or
+    hash-scoped, the hash being the block's) on the probe states and on a fresh pool, where
+    they all hold: ``each`` gives every invariant's value at every block, and ``first_failing``
+    of each block alone returns None exactly where they all hold, of all the blocks at once
+    the first block where one does not."""
+    key = ("fused", src, tuple(inv.pred for inv in invariants))
+    if key not in _PROBE_CHECKED:
+        ok = True
+        try:
+            code = compile(src, "<spec local invariants, fused>", "exec")
+            for p in [*_probe_pools(), PoolStorage(4, 4), _invalid_state_pool()]:
+                ns = p.namespace()
+                exec(code, ns)
+                first_failing, each = ns["first_failing"], ns["each"]
+                blocks = list(range(p.num_blocks))
+                values = [tuple(bool(inv.pred(CONCRETE, p.view,
+                                              b if inv.scope == "block" else p.hash[b]))
+                                for inv in invariants) for b in blocks]
+                if (any(each(b) != v for b, v in zip(blocks, values, strict=True))
+                        or any((first_failing([b]) is None) != all(v)
+                               for b, v in zip(blocks, values, strict=True))
+                        or first_failing(blocks) != next(
+                            (b for b, v in zip(blocks, values, strict=True) if not all(v)),
+                            None)):
+                    ok = False
+                    break
+        except Exception:  # noqa: BLE001 - any disagreement (even a crash) means: one by one
+            ok = False
+        _PROBE_CHECKED[key] = ok
+    return _PROBE_CHECKED[key]
 
 
 def _holds_entries(arr: Any) -> list[tuple[str, str, str]]:

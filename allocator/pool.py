@@ -10,7 +10,7 @@ invariants are re-evaluated there: O(1) per touched block, never a pool scan.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,8 @@ from .compiled import (
     batch_code,
     effect_agrees,
     effect_code,
+    fused_check_agrees,
+    fused_check_source,
     predicate_agrees,
     predicate_code,
     predicate_many_agrees,
@@ -155,7 +157,7 @@ class BlockPool(PoolStorage):
         self._batched: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._invs: list[tuple[str, str, Any]] | None = None
         self._clock_invs: list[tuple[str, str, Any]] | None = None
-        self._all_invariants_hold: Any = None
+        self._first_failing: Any = None  # the fused local invariants (_bind_invariants)
 
     # ---- the guard/effect protocol ------------------------------------------------------------
     def _bind(self, name: str, t: Any) -> tuple[Any, ...]:
@@ -502,15 +504,15 @@ class BlockPool(PoolStorage):
             out.append((inv.name, inv.scope, fn))
         return out
 
-    def _check_invariants(self, name: str, blocks: Iterable[int]) -> None:
+    def _check_invariants(self, name: str, blocks: Collection[int]) -> None:
         invs = self._invs
         if invs is None:
             invs = self._invs = self._bind_invariants()
-        all_hold = self._all_invariants_hold
+        first_failing = self._first_failing
+        if first_failing is not None and first_failing(blocks) is None:
+            return
         h_of = self.hash
         for b in blocks:
-            if all_hold is not None and all_hold(b):
-                continue
             for inv_name, scope, pred in invs:  # name the one that fails
                 if scope == "block":
                     if not pred(b):
@@ -519,8 +521,9 @@ class BlockPool(PoolStorage):
                     raise InvariantViolation(inv_name, f"hash of block {b} after {name}")
 
     def _bind_invariants(self) -> list[tuple[str, str, Any]]:
-        """The local invariants, compiled one by one, and all of them fused into one function
-        of the block (``self._all_invariants_hold``) when every one of them compiles."""
+        """The local invariants, compiled one by one, and all of them fused into one loop over
+        the touched blocks (``self._first_failing``, ``compiled.fused_check_source``) when every
+        one of them compiles and the loop agrees with the interpreted invariants."""
         out, bodies = [], []
         for inv in local_invariants():
             param = "b" if inv.scope == "block" else "h"
@@ -528,17 +531,18 @@ class BlockPool(PoolStorage):
                     if self.compile_spec else None)
             if code is not None and predicate_agrees(inv.pred, (param,), code):
                 fn = eval(code, self.namespace())
-                body = predicate_source(inv.pred, (param,))
-                bodies.append(body if param == "b" else f"(lambda h: {body})(hash[b])")
+                bodies.append((inv.scope, predicate_source(inv.pred, (param,))))
             else:
                 def fn(x: Any, _p: Any = inv.pred) -> Any:
                     return _p(CONCRETE, self.view, x)
                 bodies.append(None)
             out.append((inv.name, inv.scope, fn))
         if bodies and None not in bodies:
-            src = "lambda b: " + " and ".join(f"({body})" for body in bodies)
-            fused = compile(src, "<spec local invariants, compiled>", "eval")
-            self._all_invariants_hold = eval(fused, self.namespace())
+            src = fused_check_source(bodies)  # type: ignore[arg-type]
+            if fused_check_agrees(src, local_invariants()):
+                ns = self.namespace()
+                exec(compile(src, "<spec local invariants, fused>", "exec"), ns)
+                self._first_failing = ns["first_failing"]
         return out
 
     def _verify_interpreted(self, name: str, predicted: PoolState, **params: Any) -> None:

@@ -137,3 +137,53 @@ def test_every_transition_has_probe_pools_on_which_its_guard_holds():
              if n not in TRANSITIONS or not all(is_witness(TRANSITIONS[n], s) for s in seeds)}
     assert set(WITNESS_SEEDS) == set(TRANSITIONS) and not stale, f"WITNESS_SEEDS = {fresh!r}"
     assert all(len(seeds) >= 3 for seeds in WITNESS_SEEDS.values())
+
+
+def _local_bodies():
+    from pagedkv.allocator.compiled import predicate_source
+    from pagedkv.allocator.pool import local_invariants
+
+    invs = local_invariants()
+    return invs, [(i.scope, predicate_source(i.pred, _SCOPE_PARAMS[i.scope])) for i in invs]
+
+
+def test_fused_local_invariants_agree_with_the_spec_on_fresh_probe_pools():
+    """Checked mode's fused check of the touched blocks (one loop, each cell read once) names
+    the first block where some local invariant fails, as the interpreted invariants do, on
+    scrambled pools other than the start-up probes; and a checked pool uses it."""
+    from pagedkv.allocator import BlockPool
+    from pagedkv.allocator.compiled import fused_check_agrees, fused_check_source
+
+    invs, bodies = _local_bodies()
+    src = fused_check_source(bodies)
+    assert fused_check_agrees(src, invs)
+    failing_seen = holding_seen = 0
+    for seed in range(200, 260):
+        pool = scrambled_pool(seed, 5, negative=seed % 2 == 0)
+        ns = pool.namespace()
+        exec(src, ns)  # noqa: S102 - our own generated source
+        for b in range(pool.num_blocks):
+            want = all(i.pred(CONCRETE, pool.view, b if i.scope == "block" else pool.hash[b])
+                       for i in invs)
+            assert (ns["first_failing"]([b]) is None) == want, (seed, b)
+            failing_seen += not want
+            holding_seen += want
+    assert failing_seen and holding_seen  # both answers were exercised
+    p = BlockPool(6, 4, checked=True)
+    p.open_holder("r")
+    p.take("r")
+    assert p._first_failing is not None
+
+
+def test_a_fused_check_that_disagrees_with_the_spec_is_not_used():
+    """The start-up self-check refuses a fused check that misses a failing block (one that
+    never reports one, or one with any single invariant dropped), so checked mode falls back
+    to the invariants one by one."""
+    from pagedkv.allocator.compiled import fused_check_agrees, fused_check_source
+
+    invs, bodies = _local_bodies()
+    blind = fused_check_source(bodies).replace("return b\n", "return None\n")
+    assert not fused_check_agrees(blind, invs)
+    for i, inv in enumerate(invs):
+        weakened = [*bodies[:i], (bodies[i][0], "True"), *bodies[i + 1:]]
+        assert not fused_check_agrees(fused_check_source(weakened), invs), inv.name
