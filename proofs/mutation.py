@@ -348,14 +348,14 @@ EQUIVALENT: dict[str, str] = {
     "-> if not keys or set(map(type, keys)) < _PLAIN_KEY_TYPES:":
         "keys of all three plain types then go through _canonical_key, which returns a plain "
         "key as is: an equal tuple",
-    **{f"allocator/allocator.py:_extend:cmp:req.reserved <= num_tokens <= len(table) * "
-       f"self.block_size): -> {new} * self.block_size):":
-       "fast path for growth within the table: a bound it no longer lets through (num_tokens "
-       "equal to the positions reserved, or to the table's capacity) takes the general path, "
-       "which finds no hit (the table is not empty), no block needed and nothing to reclaim, "
-       "and sets the same positions reserved and totals"
-       for new in ("req.reserved < num_tokens <= len(table)",
-                   "req.reserved <= num_tokens < len(table)")},
+    **{f"allocator/allocator.py:_within_table:cmp:req.reserved <= num_tokens <= "
+       f"len(req.table) * B) -> {new} * B)":
+       "fast path for growth within the table (_extend's, allocate_many's): a bound it no "
+       "longer lets through (num_tokens equal to the positions reserved, or to the table's "
+       "capacity) takes the general path, which finds no hit (the table is not empty), no "
+       "block needed and nothing to reclaim, and sets the same positions reserved and totals"
+       for new in ("req.reserved < num_tokens <= len(req.table)",
+                   "req.reserved <= num_tokens < len(req.table)")},
     "allocator/allocator.py:_commit:drop-and-clause:if state[table[i]] == PUBLISHED and "
     "hashes[i] not in hmap] -> if True and hashes[i] not in hmap]":
         "a table entry in [first, full) is PUBLISHED or REFERENCED under its own chain hash "
@@ -370,7 +370,12 @@ EQUIVALENT: dict[str, str] = {
     "that wide":
         "every request of a launch has reserved positions (refused above otherwise), so a "
         "table of at least one entry: the width is at least 1 either way",
-    "allocator/allocator.py:publish:cmp:if len(table) > width: -> if len(table) >= width:":
+    "allocator/allocator.py:_grows_within_tables:bool:return True -> return False":
+        "the positions are already reserved when it returns: allocate_many's general path "
+        "then finds, for each pair, no hit, nothing to take (within the table) and nothing "
+        "to add to the totals (num_tokens equals the positions reserved), and returns an "
+        "empty list for each, as the fast path does",
+    "allocator/allocator.py:publish:cmp:if n > width: -> if n >= width:":
         "a table as long as the widest so far sets the width to the same value",
 }
 

@@ -43,3 +43,35 @@ def test_two_readers_of_a_cached_block():
     assert p.usable() == _usable_by_scan(a) and p.structure_errors() == []
     second.complete()
     assert p.usable() == _usable_by_scan(a) == 6 and p.structure_errors() == []
+
+
+def test_a_read_only_launch_of_a_shared_partial_block_plans_no_copy_on_a_full_pool():
+    """A request that writes nothing (issued == reserved) through a shared partial block
+    needs no copy, so its launch needs no free block: on a full pool it goes ahead."""
+    a = BlockAllocator(4, 2)
+    a.add_request("p", [1, 2, 3])
+    a.allocate("p", 3)
+    a.publish(["p"]).complete()
+    a.commit("p", 3)
+    a.fork("p", "c")  # the partial block (slot 2) is shared now
+    a.add_request("q", [7, 8, 9, 10])
+    a.allocate("q", 4)  # takes the last two blocks
+    assert a.pool.usable() == 0
+    launch = a.publish(["p"])  # reads only
+    assert len(launch.copies) == 0 and launch.query_lens.tolist() == [0]
+    launch.complete()
+    a.check_invariants()
+
+
+def test_a_launch_writing_from_inside_a_block_across_blocks_maps_each_position_to_its_slot():
+    B = 4
+    a = BlockAllocator(8, B)
+    a.add_request("r", list(range(1, 11)))
+    a.allocate("r", 3)
+    a.publish(["r"]).complete()
+    a.allocate("r", 10)  # positions 3..9: the rest of block 0, all of block 1, half of block 2
+    launch = a.publish(["r"])
+    table = a.block_table("r")
+    assert launch.slot_mapping.tolist() == [table[p // B] * B + p % B for p in range(3, 10)]
+    launch.complete()
+    a.check_invariants()
