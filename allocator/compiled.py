@@ -581,8 +581,9 @@ def _invalid_state_pool() -> PoolStorage:
 
 def fused_check_agrees(src: str, invariants: list[Any]) -> bool:
     """``fused_check_source``'s functions agree with the interpreted invariants (block- or
-    hash-scoped, the hash being the block's) on the probe states and on a fresh pool, where
-    they all hold: ``each`` gives every invariant's value at every block, and ``first_failing``
+    hash-scoped, the hash being the block's) on the probe states, on a fresh pool (where they
+    all hold) and on one with a block in no state of the spec's (the probes' states are all
+    valid): ``each`` gives every invariant's value at every block, and ``first_failing``
     of each block alone returns None exactly where they all hold, of all the blocks at once
     the first block where one does not."""
     key = ("fused", src, tuple(inv.pred for inv in invariants))
