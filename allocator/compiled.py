@@ -12,6 +12,7 @@ cannot express (Python truth tests on terms, unknown constants) falls back to in
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from pagedkv.spec import ALL_STATES, CONCRETE, NO_HASH, PARAM_KINDS, Overlay
@@ -508,6 +509,20 @@ def _wrapped(expr: str) -> bool:
     return False
 
 
+def _cell_locals(cells: dict[str, str], keys: set[str]) -> Callable[[re.Match[str]], str]:
+    """A ``_CELL.sub`` replacement: a list cell read at one of ``keys`` or at a constant index
+    of ``clock`` becomes a local, named once in ``cells`` (cell source -> local name); any
+    other read stays as it is."""
+
+    def local(m: re.Match[str]) -> str:
+        field, key = m.group(1), m.group(2)
+        if not (key in keys or (field == "clock" and key.isdigit())):
+            return m.group(0)
+        return cells.setdefault(m.group(0), f"_c{len(cells)}")
+
+    return local
+
+
 def _hoisted(reads: list[str], guard: str, params: tuple[str, ...]) -> list[str]:
     """``reads`` with every list cell they read (``state[b]``, ``clock[0]``) read once into a
     local first: the spec's effect expressions repeat them many times. Only cells that are
@@ -517,13 +532,7 @@ def _hoisted(reads: list[str], guard: str, params: tuple[str, ...]) -> list[str]
     checked = {p for p in params
                if f"({p} >= 0) and ({p} < num_blocks)" in guard}
     cells: dict[str, str] = {}
-
-    def local(m: re.Match[str]) -> str:
-        field, key = m.group(1), m.group(2)
-        if not (key in checked or (field == "clock" and key.isdigit())):
-            return m.group(0)
-        return cells.setdefault(m.group(0), f"_c{len(cells)}")
-
+    local = _cell_locals(cells, checked)
     body: list[str] = []
     done: list[tuple[str, str]] = []  # (an earlier local, its expression), longest first
     for line in reads:
@@ -549,13 +558,7 @@ def fused_check_source(bodies: list[tuple[str, str]]) -> str:
     cells: dict[str, str] = {}
     if any(scope == "hash" for scope, _ in bodies):
         cells["hash[b]"] = "h"
-
-    def local(m: re.Match[str]) -> str:
-        field, key = m.group(1), m.group(2)
-        if key != "b" and not (field == "clock" and key.isdigit()):
-            return m.group(0)
-        return cells.setdefault(m.group(0), f"_c{len(cells)}")
-
+    local = _cell_locals(cells, {"b"})
     terms = [f"({_CELL.sub(local, body)})" for _, body in bodies]
 
     def reads(indent: str) -> str:
