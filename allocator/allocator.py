@@ -899,7 +899,7 @@ class BlockAllocator:
         starts: list[int] = []
         seq_lens: list[int] = []
         rows: list[int] = []
-        width = 0  # the longest table: the launch's block tables are that wide
+        width = 0  # the longest table: the launch's tables are at least as wide (take)
         for req in reqs:
             table = req.table
             req.published = n = len(table)

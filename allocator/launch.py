@@ -36,7 +36,10 @@ class Launch:
     from any thread; the allocator serializes them with its own lock, so a launch completes
     exactly once however the calls race.
 
-    ``block_tables`` int32 [n, max_blocks] padded with -1; ``seq_lens`` int32 [n];
+    ``block_tables`` int32 [n, width] padded with -1, ``width`` the smallest power of two not
+    below the longest table (read-only, as every array here that comes from the allocator's
+    persistent rows: the allocator updates a launch's copy in place for a later launch once
+    nothing refers to it any more); ``seq_lens`` int32 [n];
     ``query_lens`` int32 [n] (positions this launch writes, the last ones of each sequence);
     ``slot_mapping`` int64 [sum(query_lens)] (``block * B + offset`` of each written position);
     ``table_generations`` int32 like ``block_tables`` (-1 in padding); ``copies`` int32 [k, 2]

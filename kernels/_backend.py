@@ -144,9 +144,16 @@ def index_arg(x: Any, like: Any, dtype: str = "int32") -> Any:
     on the device of ``like`` (the caches)."""
     torch = _torch()
     if is_cuda_tensor(like):
-        t = torch.as_tensor(x) if not is_torch(x) else x.detach()
+        if not is_torch(x):
+            # torch wraps no read-only array (a launch's tables are): copy one first
+            x = np.asarray(x)
+            t = torch.from_numpy(x if x.flags.writeable else x.copy())
+        else:
+            t = x.detach()
         return t.to(device=like.device, dtype=getattr(torch, dtype)).contiguous()
-    return np.ascontiguousarray(host_copy(x), dtype=dtype)
+    out = np.ascontiguousarray(host_copy(x), dtype=dtype)
+    # Kernels copy numpy arguments back after they ran: never a read-only launch array.
+    return out if out.flags.writeable else out.copy()
 
 
 def empty(like: Any, shape: tuple[int, ...], dtype: str = "float32") -> Any:

@@ -22,7 +22,8 @@ __all__ = [
 def _t(x: Any) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
-    return torch.from_numpy(np.asarray(x))
+    a = np.asarray(x)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())  # a launch's are read-only
 
 
 def gather_kv(

@@ -365,9 +365,9 @@ EQUIVALENT: dict[str, str] = {
     "len(req.table)":
         "a request whose entries are all published (published == len(table)) then slices an "
         "empty tail: no block added to fresh either way",
-    "allocator/allocator.py:publish:int+1:width = 0  # the longest table: the launch's block "
-    "tables are that wide -> width = 1  # the longest table: the launch's block tables are "
-    "that wide":
+    "allocator/allocator.py:publish:int+1:width = 0  # the longest table: the launch's tables "
+    "are at least as wide (take) -> width = 1  # the longest table: the launch's tables are at "
+    "least as wide (take)":
         "every request of a launch has reserved positions (refused above otherwise), so a "
         "table of at least one entry: the width is at least 1 either way",
     "allocator/allocator.py:_grows_within_tables:bool:return True -> return False":

@@ -48,7 +48,7 @@ def test_a_decode_step_of_a_30_block_table_costs_no_per_entry_transition(checked
     last = a.block_table("x")[-1]
     assert a.pool.trace == [("launch", {"L": launch.seq}),
                             ("begin_write", {"b": last, "r": "x", "w": 1})]
-    assert launch.writes == (last,) and launch.block_tables.shape == (1, 30)
+    assert launch.writes == (last,) and launch.block_tables.shape == (1, 32)
     a.pool.trace = []
     launch.complete()
     assert [name for name, _ in a.pool.trace] == ["end_write", "complete", "advance"]

@@ -85,7 +85,7 @@ def test_tables_returned_are_copies():
     assert a.block_table("c") == expect
     a.check_invariants()
     launch = a.publish(["p", "c"])
-    assert launch.block_tables.tolist() == [expect, expect]
+    assert launch.block_tables.tolist() == [expect + [-1], expect + [-1]]  # width 4
     launch.complete()
     a.free("c")
     a.free("p")

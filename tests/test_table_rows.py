@@ -156,3 +156,135 @@ def test_rows_grow_without_moving_other_rows() -> None:
     assert rows.mismatches(c, [3, 4], [0, 0])
     rows.close(b, 5)
     assert rows.open() == b and not rows.mismatches(b, [], [])
+
+
+# --- the launches' copies, maintained incrementally ---------------------------------------------
+def _steady_workload(seed: int, keep_launches: bool) -> tuple[BlockAllocator, int, list]:
+    """One batch decoding and prefilling, published again and again (so its copy is reused),
+    reordered now and then, with copy-on-write (forks of a partial block that both then
+    write), truncation, and requests freed and added (rows closed and reopened) now and then.
+    Every launch's tables
+    must equal the tables. Returns the allocator, how many launches reused a copy, and (with
+    ``keep_launches``) each launch kept with a snapshot of its arrays."""
+    rng = random.Random(seed)
+    alloc = BlockAllocator(400, B, checked=True)
+
+    def known(rid: str) -> int:
+        return len(alloc._req(rid).tokens)
+
+    batch = [f"r{k}" for k in range(4)]
+    for rid in batch:
+        alloc.add_request(rid, [rng.randrange(50) for _ in range(rng.randrange(1, 10))])
+        alloc.allocate(rid, known(rid))
+    kept, reused, fresh = [], 0, 0
+    for step in range(60):
+        op = rng.random()
+        if op < 0.1:  # a request finishes; a new one takes its place (its row is reused)
+            k = rng.randrange(len(batch))
+            alloc.free(batch[k])
+            fresh += 1
+            batch[k] = f"n{fresh}"
+            alloc.add_request(batch[k], [rng.randrange(50) for _ in range(rng.randrange(1, 9))])
+            alloc.allocate(batch[k], known(batch[k]))
+        elif op < 0.2:  # parallel sampling: the fork shares a partial block, both write it
+            k = rng.randrange(len(batch))
+            if alloc.num_reserved(batch[k]) % B:
+                child = f"c{step}"
+                alloc.fork(batch[k], child)
+                alloc.free(batch[(k + 1) % len(batch)])
+                batch[(k + 1) % len(batch)] = child
+        elif op < 0.3:  # rejected draft tokens
+            k = rng.randrange(len(batch))
+            n, done = alloc.num_reserved(batch[k]), max(1, alloc.num_computed(batch[k]))
+            if n > done:
+                alloc.truncate(batch[k], rng.randrange(done, n))
+        elif op < 0.35:  # the same requests in another order: the copy's rows move
+            rng.shuffle(batch)
+        for rid in batch:
+            grow = rng.choice([1, 1, 1, rng.randrange(1, 3 * B)])
+            have = known(rid)
+            if have < alloc.num_reserved(rid) + grow:
+                alloc.append_tokens(rid, [rng.randrange(50)
+                                          for _ in range(alloc.num_reserved(rid) + grow - have)])
+            alloc.allocate(rid, alloc.num_reserved(rid) + grow)
+        last = alloc._rows._copies[-1] if alloc._rows._copies else None
+        launch = alloc.publish(batch)
+        reused += alloc._rows._copies[-1] is last
+        _check_launch(alloc, launch)
+        launch.complete()
+        for rid in batch:
+            alloc.commit(rid, alloc.num_reserved(rid))
+        if keep_launches:
+            kept.append((launch, launch.block_tables.copy(), launch.table_generations.copy()))
+        del launch  # nothing refers to its arrays: the next launch of this batch reuses them
+        alloc.check_invariants()
+    return alloc, reused, kept
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_reused_launch_copy_equals_the_tables(seed: int) -> None:
+    _, reused, _ = _steady_workload(seed, keep_launches=False)
+    assert reused >= 20  # most launches of the steady batch updated the last copy
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_launch_that_is_still_referenced_keeps_its_tables(seed: int) -> None:
+    """Launches kept by the caller (here, all of them) are never updated in place: each keeps
+    the tables it was published with, and no copy is reused."""
+    _, reused, kept = _steady_workload(seed, keep_launches=True)
+    assert reused == 0
+    for launch, tables, gens in kept:
+        assert np.array_equal(launch.block_tables, tables)
+        assert np.array_equal(launch.table_generations, gens)
+
+
+def test_a_view_of_a_launch_array_keeps_it_from_reuse() -> None:
+    """Not only the launch: any view of its arrays (a row, a tensor over it) pins the copy."""
+    alloc = BlockAllocator(64, B)
+    alloc.add_request("a", list(range(6)))
+    alloc.allocate("a", 6)
+    launch = alloc.publish(["a"])
+    row = launch.block_tables[0]
+    before = row.tolist()
+    launch.complete()
+    alloc.commit("a", 6)
+    del launch
+    alloc.append_tokens("a", [1, 2, 3])
+    alloc.allocate("a", 9)
+    second = alloc.publish(["a"])
+    assert row.tolist() == before and second.block_tables[0].tolist() != before
+    assert second.block_tables.base is not row.base
+
+
+def test_launch_arrays_are_read_only() -> None:
+    alloc = BlockAllocator(64, B)
+    alloc.add_request("a", list(range(6)))
+    alloc.allocate("a", 6)
+    launch = alloc.publish(["a"])
+    for arr in (launch.block_tables, launch.table_generations):
+        with pytest.raises(ValueError, match="read-only"):
+            arr[0, 0] = 1
+
+
+def test_an_unreferenced_copy_is_updated_not_rebuilt() -> None:
+    """TableRows alone: a copy nothing refers to is the one the next take of the same rows
+    returns, updated with the appended entries; a replaced entry updates its whole row."""
+    rows = TableRows(rows=4, width=4)
+    a, b = rows.open(), rows.open()
+    rows.put(a, 0, [1, 2], [0, 0])
+    rows.put(b, 0, [3], [0])
+    bt, tg = rows.take([a, b], 2)
+    first = id(bt.base)  # not the array itself: a reference would pin it
+    assert bt.tolist() == [[1, 2], [3, -1]]
+    del bt, tg
+    rows.put(b, 1, [4], [1])  # appended
+    bt, tg = rows.take([a, b], 2)
+    assert id(bt.base) == first and bt.tolist() == [[1, 2], [3, 4]] and tg.tolist() == [[0, 0],
+                                                                                     [0, 1]]
+    del bt, tg
+    rows.put(a, 1, [7], [5])  # replaced (copy-on-write)
+    rows.cut(b, 1, 2)  # dropped (truncate)
+    bt, tg = rows.take([a, b], 2)
+    assert id(bt.base) == first and bt.tolist() == [[1, 7], [3, -1]] and tg[0].tolist() == [0, 5]
+    other, _ = rows.take([b, a], 2)  # other rows, other order: a copy of its own
+    assert id(other.base) != first and other.tolist() == [[3, -1], [1, 7]]
