@@ -247,16 +247,17 @@ def digest(
     """The hash of checked fields: parent in [0, 2**256), encoded tokens, canonical keys, salt
     bytes or None. It hashes ``_DOMAIN + encode_fields(fields)`` of the fields (parent,
     tokens, salt if any, then each key), the parent's and the tokens' headers looked up."""
-    parts = [_DOMAIN, _PARENT_HEADER, parent.to_bytes(32, "big"),
-             _known_header(KIND_TOKENS, len(tokens)), tokens]
+    h = _PREFIX_STATE.copy()  # _DOMAIN and the parent's header, hashed once
+    h.update(parent.to_bytes(32, "big") + _known_header(KIND_TOKENS, len(tokens)) + tokens)
     if salt is not None:
-        parts.append(frame(KIND_SALT, salt))
+        h.update(frame(KIND_SALT, salt))
     for k in keys:
-        parts.append(frame(*_encode_key(k)))
-    return int.from_bytes(hashlib.sha256(b"".join(parts)).digest(), "big") or 1  # 0: NO_HASH
+        h.update(frame(*_encode_key(k)))
+    return int.from_bytes(h.digest(), "big") or 1  # 0: NO_HASH
 
 
 _PARENT_HEADER = _header(KIND_PARENT, 32)
+_PREFIX_STATE = hashlib.sha256(_DOMAIN + _PARENT_HEADER)
 _known_header = functools.lru_cache(maxsize=64)(_header)  # the tokens': one per block size
 
 
