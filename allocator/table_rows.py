@@ -13,8 +13,10 @@ launch and every view of its arrays are gone), is brought up to date by copying 
 entries appended since, and whole rows only where the launch has another request at that
 position or an entry was replaced or dropped (copy-on-write, truncate, a row closed and
 reopened). A steady decode batch then costs O(requests + entries added) per launch, not
-O(requests x context). The copies are handed out read-only: a
-kernel input nobody may write, and an incremental copy no caller can have corrupted.
+O(requests x context). Launches smaller than ``incremental_from`` entries get a fresh copy (a
+single ``np.take``), which up to that size costs less than the bookkeeping: either way the
+per-launch cost is bounded independently of the context. The copies are handed out read-only:
+a kernel input nobody may write, and an incremental copy no caller can have corrupted.
 
 The request's Python list stays the allocator's working copy; ``BlockAllocator``
 ``check_invariants`` compares the two (``mismatches``).
@@ -57,9 +59,12 @@ class TableRows:
     """Rows of block ids and their generations, -1 past each table's end."""
 
     __slots__ = ("_both", "blocks", "gens", "_free", "_lengths", "_rewritten", "_version",
-                 "_copies")
+                 "_copies", "incremental_from")
 
-    def __init__(self, rows: int = 16, width: int = 16) -> None:
+    def __init__(self, rows: int = 16, width: int = 16, incremental_from: int = 32768) -> None:
+        """``incremental_from``: launches of at least that many table entries (requests x
+        width) get a copy maintained incrementally; smaller ones a fresh copy, which costs
+        less than the bookkeeping (a few numpy calls) up to about that size."""
         # Block ids and generations in one array, so that a launch copies both in one index.
         self._both = np.full((2, rows, width), _EMPTY, dtype=np.int32)
         self.blocks, self.gens = self._both
@@ -70,6 +75,7 @@ class TableRows:
         self._rewritten = np.zeros(rows, dtype=np.int64)
         self._version = 0
         self._copies: list[_LaunchCopy] = []  # most recently used last
+        self.incremental_from = incremental_from
 
     @property
     def width(self) -> int:
@@ -118,12 +124,12 @@ class TableRows:
         padded with -1. Rounding the width keeps a copy in use while the tables grow."""
         key = tuple(rows)
         width = launch_width(longest)
+        if len(key) * width < self.incremental_from:  # a copy costs less than its upkeep
+            both = self._copy_rows(key, width)
+            return both[0], both[1]
         copy = self._reusable(key, width)
         if copy is None:
-            both = np.full((2, len(key), width), _EMPTY, dtype=np.int32)
-            w = min(width, self.width)
-            both[:, :, :w] = self._both[:, key, :w]
-            both.flags.writeable = False
+            both = self._copy_rows(key, width)
             idx = np.asarray(key, dtype=np.int64)
             copy = _LaunchCopy(both, key, idx, self._lengths[idx], self._version)
             self._copies.append(copy)
@@ -132,6 +138,17 @@ class TableRows:
         else:
             self._update(copy, key)
         return copy.both[0], copy.both[1]
+
+    def _copy_rows(self, key: tuple[int, ...], width: int) -> np.ndarray:
+        """A fresh read-only copy of the rows, ``width`` wide, owning its memory (the result of
+        ``np.take`` does; that of an index may be a view of a hidden array)."""
+        if width <= self.width:
+            both = np.take(self._both[:, :, :width], key, axis=1)
+        else:
+            both = np.full((2, len(key), width), _EMPTY, dtype=np.int32)
+            both[:, :, :self.width] = np.take(self._both, key, axis=1)
+        both.flags.writeable = False
+        return both
 
     def _reusable(self, key: tuple[int, ...], width: int) -> _LaunchCopy | None:
         """A remembered copy of as many rows (these first) and this width that nothing refers
@@ -160,15 +177,18 @@ class TableRows:
             both, src, old = copy.both, self._both, copy.lengths
             width = both.shape[2]
             w = min(width, self.width)
+            at = np.flatnonzero(stale)
+            rows_at, appended = at[whole[at]], at[~whole[at]]
             both.flags.writeable = True
             try:
-                for i in np.flatnonzero(stale).tolist():
-                    r = key[i]
-                    if whole[i]:
-                        both[:, i, :w] = src[:, r, :w]
-                        both[:, i, w:] = _EMPTY
-                    else:  # appended only: entries old[i] .. lengths[i] - 1
-                        both[:, i, old[i]:lengths[i]] = src[:, r, old[i]:lengths[i]]
+                if len(rows_at):  # (past the rows' width every copy holds -1 only)
+                    both[:, rows_at, :w] = src[:, idx[rows_at], :w]
+                if len(appended):  # entries old .. length - 1 of each, in one index
+                    first, count = old[appended], lengths[appended] - old[appended]
+                    pos = np.repeat(appended, count)
+                    col = np.repeat(first - (np.cumsum(count) - count), count) + np.arange(
+                        int(count.sum()))
+                    both[:, pos, col] = src[:, idx[pos], col]
             finally:
                 both.flags.writeable = False
         copy.rows, copy.row_ids, copy.lengths = key, idx, lengths

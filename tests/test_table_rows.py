@@ -168,6 +168,7 @@ def _steady_workload(seed: int, keep_launches: bool) -> tuple[BlockAllocator, in
     ``keep_launches``) each launch kept with a snapshot of its arrays."""
     rng = random.Random(seed)
     alloc = BlockAllocator(400, B, checked=True)
+    alloc._rows.incremental_from = 0  # these tables are small: maintain every launch's copy
 
     def known(rid: str) -> int:
         return len(alloc._req(rid).tokens)
@@ -241,6 +242,7 @@ def test_a_launch_that_is_still_referenced_keeps_its_tables(seed: int) -> None:
 def test_a_view_of_a_launch_array_keeps_it_from_reuse() -> None:
     """Not only the launch: any view of its arrays (a row, a tensor over it) pins the copy."""
     alloc = BlockAllocator(64, B)
+    alloc._rows.incremental_from = 0
     alloc.add_request("a", list(range(6)))
     alloc.allocate("a", 6)
     launch = alloc.publish(["a"])
@@ -269,7 +271,7 @@ def test_launch_arrays_are_read_only() -> None:
 def test_an_unreferenced_copy_is_updated_not_rebuilt() -> None:
     """TableRows alone: a copy nothing refers to is the one the next take of the same rows
     returns, updated with the appended entries; a replaced entry updates its whole row."""
-    rows = TableRows(rows=4, width=4)
+    rows = TableRows(rows=4, width=4, incremental_from=0)
     a, b = rows.open(), rows.open()
     rows.put(a, 0, [1, 2], [0, 0])
     rows.put(b, 0, [3], [0])
@@ -288,3 +290,22 @@ def test_an_unreferenced_copy_is_updated_not_rebuilt() -> None:
     assert id(bt.base) == first and bt.tolist() == [[1, 7], [3, -1]] and tg[0].tolist() == [0, 5]
     other, _ = rows.take([b, a], 2)  # other rows, other order: a copy of its own
     assert id(other.base) != first and other.tolist() == [[3, -1], [1, 7]]
+
+
+def test_a_small_launch_gets_a_fresh_copy_a_large_one_the_kept_one() -> None:
+    """Below ``incremental_from`` entries every launch gets new arrays (nothing is kept to
+    update); from there on an unreferenced copy comes back, updated."""
+    rows = TableRows(rows=4, width=4, incremental_from=8)
+    a, b = rows.open(), rows.open()
+    rows.put(a, 0, [1, 2, 3], [0, 0, 0])
+    rows.put(b, 0, [4], [0])
+    small = rows.take([a, b], 3)[0]  # 2 x 4 entries: kept
+    kept = id(small.base)
+    assert small.tolist() == [[1, 2, 3, -1], [4, -1, -1, -1]] and not small.flags.writeable
+    del small
+    rows.put(b, 1, [5], [0])
+    again = rows.take([a, b], 3)[0]
+    assert id(again.base) == kept and again.tolist() == [[1, 2, 3, -1], [4, 5, -1, -1]]
+    one = rows.take([a], 3)[0]  # 1 x 4 entries: a fresh copy, nothing kept
+    assert one.tolist() == [[1, 2, 3, -1]] and not one.flags.writeable
+    assert len(rows._copies) == 1
