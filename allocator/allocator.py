@@ -574,10 +574,7 @@ class BlockAllocator:
         """``append_tokens(rid, [token_id])`` on a record the caller already holds (the engine
         front door's per-token path, under the allocator's lock): the same check, the same
         hashing of a block it fills."""
-        if type(token_id) is int and _I64_MIN <= token_id <= _I64_MAX:  # _check_tokens' fast path
-            req.tokens.append(token_id)
-        else:
-            req.tokens += _check_tokens([token_id])
+        req.tokens += _check_tokens([token_id])
         if (len(req.hashes) + 1) * self.block_size <= len(req.tokens):  # a block filled
             self._extend_hashes(req)
 
