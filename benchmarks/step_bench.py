@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import importlib.util
 import json
@@ -46,6 +47,9 @@ from typing import Any
 ANCHOR = Path(__file__).resolve().parents[1].parent / "shared" / "anchors" / "vllm_kvcache"
 DRIVERS = {"vllm": "vllm_kv:make", "pagedkv": "pagedkv.engine.driver:make",
            "pagedkv checked": "pagedkv.engine.driver:make_checked"}
+# The same trace through pagedkv's step-level calls (benchmarks/batched_loop.py).
+STEP_LEVEL = {"step-level": "pagedkv.engine.driver:make",
+              "step-level checked": "pagedkv.engine.driver:make_checked"}
 
 
 def load_bench() -> Any:
@@ -103,6 +107,31 @@ def launch_figures(o: dict, launch_ns: int) -> dict[str, float]:
             "share": launch_s / total, "rest_s": total - launch_s}
 
 
+def run_step_level(bench: Any, args: argparse.Namespace, driver: str) -> dict[str, Any]:
+    """The trace through ``batched_loop.run`` on a fresh driver from the factory ``driver``:
+    the figures ``bench.run`` reports for the same run that ``main`` prints (allocator
+    seconds, per-op milliseconds, the run's decisions) and the launch's share."""
+    import batched_loop
+
+    trace = bench.make_trace(args.seed, num_requests=args.requests)
+    module_name, _, fn = driver.partition(":")
+    with timing_launches(driver) as launch_ns:
+        kv = getattr(importlib.import_module(module_name), fn)(
+            args.blocks, args.block_size, enable_caching=not args.no_caching)
+        gc.collect()
+        res = batched_loop.run(trace, kv, token_budget=args.budget,
+                               max_running=args.max_running)
+    o = {"allocator": {"total_s": res["alloc_ns"] / 1e9},
+         "op_breakdown": {op: {"calls": res["op_calls"][op],
+                               "total_ms": res["op_ns"][op] / 1e6} for op in res["op_ns"]},
+         "run": {"steps": res["steps"], "preemptions": res["preempted"],
+                 "prefix_hit_tokens": res["hit_tokens"],
+                 "prefix_hit_rate_first_admissions": res["first_admission_hits"] / max(
+                     1, res["first_admission_tokens"])}}
+    o["launch"] = launch_figures(o, launch_ns[0])
+    return o
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -121,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be >= 1")
     bench = load_bench()
     out: dict[str, Any] = {}
-    totals: dict[str, list[float]] = {name: [] for name in DRIVERS}
+    totals: dict[str, list[float]] = {name: [] for name in (*DRIVERS, *STEP_LEVEL)}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # batched_loop
     for r in range(args.rounds):
         for name, driver in DRIVERS.items():
             ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "rounds"},
@@ -139,10 +169,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {name} ({driver})")
                 print(bench.table(o))
                 print()
+        for name, driver in STEP_LEVEL.items():
+            o = run_step_level(bench, args, driver)
+            totals[name].append(o["allocator"]["total_s"])
+            if name not in out or o["allocator"]["total_s"] < out[name]["allocator"]["total_s"]:
+                out[name] = o
         if args.rounds > 1:
-            v_s, p_s, c_s = (totals[name][-1] for name in DRIVERS)
+            v_s, p_s, c_s, s_s, sc_s = (totals[name][-1] for name in totals)
             print(f"round {r + 1}: allocator s vLLM {v_s:.2f}, pagedkv {p_s:.2f} "
-                  f"({p_s / v_s:.2f}x), checked {c_s:.2f} ({c_s / v_s:.2f}x)", flush=True)
+                  f"({p_s / v_s:.2f}x), checked {c_s:.2f} ({c_s / v_s:.2f}x), step-level "
+                  f"{s_s:.2f} ({s_s / v_s:.2f}x), step-level checked {sc_s:.2f} "
+                  f"({sc_s / v_s:.2f}x)", flush=True)
     if args.rounds > 1:
         print(f"\nthe fastest of {args.rounds} runs of each driver:\n")
         for name in out:
@@ -169,9 +206,36 @@ def main(argv: list[str] | None = None) -> int:
           f"{c['launch']['rest_s'] / p['launch']['rest_s']:16.2f}")
     for key in ("preemptions", "prefix_hit_tokens", "prefix_hit_rate_first_admissions"):
         print(f"{key[:28]:28s} " + " ".join(f"{o['run'][key]:>12.4g}" for o in (v, p, c)))
+    print_step_level(out)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
     return 0
+
+
+def print_step_level(out: dict[str, Any]) -> None:
+    """Milliseconds per op and in all, per-request calls beside the step-level ones (same
+    decisions: the steps, preemptions and prefix hits must agree with the per-request run)."""
+    p = out["pagedkv"]["run"]
+    for name in STEP_LEVEL:
+        s = out[name]["run"]
+        same = all(s[k] == p[k] for k in ("steps", "preemptions", "prefix_hit_tokens"))
+        if not same:
+            raise SystemExit(f"step_bench: the {name} run decided otherwise than the "
+                             f"per-request one: {s} vs {p}")
+    names = ["vllm", "pagedkv", "step-level", "pagedkv checked", "step-level checked"]
+    print("\nallocator ms by op (step-level: one call per step for allocate, commit and "
+          "append; same decisions as the per-request run)")
+    print(f"{'':22s}" + "".join(f"{n:>20s}" for n in names))
+    for op in out["vllm"]["op_breakdown"]:
+        print(f"  {op:20s}" + "".join(
+            f"{out[n]['op_breakdown'][op]['total_ms']:20.1f}" for n in names))
+    print(f"  {'launch (in commit)':20s}{'-':>20s}" + "".join(
+        f"{out[n]['launch']['total_s'] * 1e3:20.1f}" for n in names[1:]))
+    v = out["vllm"]["allocator"]["total_s"]
+    print(f"{'allocator s':22s}" + "".join(
+        f"{out[n]['allocator']['total_s']:20.3f}" for n in names))
+    print(f"{'/ vLLM':22s}" + "".join(
+        f"{out[n]['allocator']['total_s'] / v:20.2f}" for n in names))
 
 
 if __name__ == "__main__":

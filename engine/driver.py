@@ -18,10 +18,16 @@ what vLLM 0.33.0's Scheduler does with its KVCacheManager, on pagedkv's manager:
   commit then sets ``num_computed_tokens = n``. A commit of a request that no launch of this
   step covers publishes it alone;
 - ``append`` / ``preempt`` / ``free``: ``append_token`` / ``preempt`` / ``free``.
+
+A scheduler that batches its step (``benchmarks/batched_loop.py``) uses the step-level calls
+instead: ``allocate_running(rids, counts)`` (``allocate_slots_many``: in order, stopping at the
+first that does not fit), ``commit_many(pairs)`` and ``append_many(pairs)``
+(``append_token_many``), each its single call repeated, checked before anything changes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .manager import KVCacheBlocks, KVCacheManager
@@ -123,18 +129,28 @@ class PagedKVDriver:
         self._launched.discard(rid)  # positions allocated after the launch need another
 
     def commit(self, rid: Any, num_computed_tokens: int, *, cache: bool = False) -> None:
+        req = self._committable(rid, num_computed_tokens)
+        self._commit(rid, req, num_computed_tokens, cache)
+
+    def _committable(self, rid: Any, num_computed_tokens: int) -> EngineRequest:
+        """The running request ``rid`` if it may commit ``num_computed_tokens`` positions
+        (from its computed ones up to its tokens and allocated positions); ``ValueError``."""
         req = self.requests[rid]
         if req.status != RequestStatus.RUNNING:
             raise ValueError(f"request {rid!r} is not running")
-        m = self.manager
         # The manager's record of the request (its allocator record): read without a call, as
         # the scheduler's thread is the one that grows it.
-        entry = m._live.get(rid)
+        entry = self.manager._live.get(rid)
         reserved = entry.record.reserved if entry is not None else 0
         if not (req.num_computed_tokens <= num_computed_tokens <= min(req.num_tokens, reserved)):
             raise ValueError(f"request {rid!r}: cannot commit {num_computed_tokens} tokens "
                              f"(computed {req.num_computed_tokens}, tokens {req.num_tokens}, "
                              f"allocated {reserved})")
+        return req
+
+    def _commit(self, rid: Any, req: EngineRequest, num_computed_tokens: int,
+                cache: bool) -> None:
+        m = self.manager
         if num_computed_tokens > req.num_computed_tokens and rid not in self._launched:
             if rid in self._scheduled:
                 batch = list(self._scheduled.values())
@@ -149,6 +165,42 @@ class PagedKVDriver:
 
     def append(self, rid: Any, token: int) -> None:
         self.manager.append_token(self.requests[rid], token)
+
+    # -- step-level calls: a scheduler that batches its step ------------------------------
+    def allocate_running(self, rids: Sequence[Any],
+                         num_new_tokens: Sequence[int]) -> list[list[int]]:
+        """``allocate(rid, n)`` of each running request and its ``n`` new tokens, in order,
+        stopping at the first one that does not fit (``KVCacheManager.allocate_slots_many``):
+        the new block ids of each one allocated. A shorter list than ``rids`` means
+        ``rids[len(result)]`` did not fit; it and those after it are unchanged."""
+        requests = self.requests
+        reqs = [requests[rid] for rid in rids]
+        for req in reqs:
+            if req.status != RequestStatus.RUNNING:
+                raise ValueError(f"request {req.request_id!r} is not running (admit it with "
+                                 "add() and allocate())")
+        got = self.manager.allocate_slots_many(reqs, num_new_tokens)
+        scheduled, launched = self._scheduled, self._launched
+        for req in reqs[:len(got)]:
+            rid = req.request_id
+            scheduled[rid] = req
+            launched.discard(rid)  # positions allocated after the launch need another
+        return [list(blocks.block_ids) for blocks in got]
+
+    def commit_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
+        """``commit(rid, n)`` of each pair, in order; every pair is checked first, so a bad
+        one (``ValueError``) commits none."""
+        checked = [(rid, self._committable(rid, n), n) for rid, n in pairs]
+        commit = self._commit
+        for rid, req, n in checked:
+            commit(rid, req, n, False)
+
+    def append_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
+        """``append(rid, token)`` of each pair, in order, each request once; all or nothing
+        (``KVCacheManager.append_token_many``)."""
+        requests = self.requests
+        self.manager.append_token_many([requests[rid] for rid, _ in pairs],
+                                       [token for _, token in pairs])
 
     def preempt(self, rid: Any) -> None:
         req = self.requests[rid]

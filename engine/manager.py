@@ -605,25 +605,77 @@ class KVCacheManager:
                     and type(num_external_computed_tokens) is int
                     and not num_external_computed_tokens
                     and type(num_encoder_tokens) is int and not num_encoder_tokens
-                    and entry.req is request and entry.written <= entry.computed
-                    and (not self.watermark_blocks or request.status == RequestStatus.RUNNING)):
-                # A running request's growth within its table (most decode steps), the plain
-                # arguments checked above: no rollback, nothing to commit first, no watermark;
-                # no block is needed, so nothing can refuse it. The allocator's growth, which
-                # finds nothing to take (what the general path below does for it).
-                record = entry.record
-                target = request.num_computed_tokens
-                if target >= record.issued:
-                    target += num_new_tokens
-                    if target < record.reserved:
-                        target = record.reserved
-                    if target <= len(record.table) * self.block_size:
-                        self._alloc._extend(record, target)
-                        return self.empty_kv_cache_blocks
+                    and self._grew_within_table(entry, request, num_new_tokens)):
+                return self.empty_kv_cache_blocks
             return self._allocate_slots(
                 request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                 num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
                 full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+
+    def _grew_within_table(self, entry: _Live, request: EngineRequest,
+                           num_new_tokens: int) -> bool:
+        """Grow a running request by ``num_new_tokens`` (a plain int > 0) if that stays within
+        its table (most decode steps) and return True; else change nothing and return False.
+        Within the table there is no rollback, nothing to commit first, no watermark and no
+        block needed, so nothing can refuse it: the allocator's growth, which finds nothing to
+        take (what ``_allocate_slots`` does for it)."""
+        if (entry.req is not request or entry.written > entry.computed
+                or (self.watermark_blocks and request.status != RequestStatus.RUNNING)):
+            return False
+        record = entry.record
+        target = request.num_computed_tokens
+        if target < record.issued:  # a rollback
+            return False
+        target += num_new_tokens
+        if target < record.reserved:
+            target = record.reserved
+        if target > len(record.table) * self.block_size:
+            return False
+        self._alloc._extend(record, target)
+        return True
+
+    def allocate_slots_many(self, requests: Sequence[EngineRequest],
+                            num_new_tokens: Sequence[int]) -> list[KVCacheBlocks]:
+        """The running pass of a scheduler step in one call: ``allocate_slots(request, n)``
+        (no lookahead) for each running request and its ``n`` new tokens, in order, stopping
+        at the first one that does not fit. Returns the new blocks of each request allocated,
+        in order: a list shorter than ``requests`` means ``requests[len(result)]`` did not fit
+        and it and those after it are unchanged (a scheduler then preempts, as vLLM's does,
+        and calls again from it). Every argument is checked before anything changes: each
+        request must hold blocks of this manager (admissions go through ``allocate_slots``)
+        and appear once, each count be an int > 0 (``ValueError`` / ``TypeError``)."""
+        reqs = list(requests)
+        counts = list(num_new_tokens)
+        if len(reqs) != len(counts):
+            raise ValueError(f"allocate_slots_many: {len(reqs)} requests but "
+                             f"{len(counts)} token counts")
+        with self._lock:
+            if self._inflight:
+                self._sweep()
+            live = self._live
+            entries: list[_Live] = []
+            for request, n in zip(reqs, counts, strict=True):
+                if type(n) is not int or n <= 0:
+                    if _count(n, "num_new_tokens") == 0:
+                        raise ValueError("allocate_slots_many: num_new_tokens must be > 0")
+                entry = live.get(getattr(request, "request_id", None))
+                if entry is None or entry.req is not request:
+                    raise ValueError(f"{request!r} holds no blocks of this manager: admit it "
+                                     "with allocate_slots")
+                entries.append(entry)
+            if len({id(e) for e in entries}) != len(entries):
+                raise ValueError("allocate_slots_many: a request appears twice")
+            out: list[KVCacheBlocks] = []
+            empty, grew = self.empty_kv_cache_blocks, self._grew_within_table
+            for entry, request, n in zip(entries, reqs, counts, strict=True):
+                if grew(entry, request, n):
+                    out.append(empty)
+                    continue
+                new = self._allocate_slots(request, int(n), 0, None, 0, 0, 0, False, 0, True)
+                if new is None:
+                    break
+                out.append(new)
+            return out
 
     def _refused_before_lookup(self, request: EngineRequest, target: int, given: int,
                                full_sequence_must_fit: bool, reserved_blocks: int) -> bool:
@@ -832,19 +884,54 @@ class KVCacheManager:
         if type(token_id) is not int:
             token_id = _as_token(token_id)
         with self._lock:  # (inline, as in allocate_slots)
-            tokens = request._all
-            entry = self._live.get(request.request_id)
-            if entry is not None and entry.req is request and entry.known == len(tokens):
-                # The allocator knows every earlier token: tell it this one now (checked there
-                # first, so a refused id changes nothing). Otherwise (a rollback made it
-                # forget some) it learns them all at the next publish or commit
-                # (``_sync_many``).
+            entry = self._synced(request)
+            if entry is not None:  # checked there first: a refused id changes nothing
                 self._alloc._append_token(entry.record, token_id)
-                entry.known += 1
-            tokens.append(token_id)
-            if self.enable_caching and (len(request.block_hashes) + 1) * self.block_size <= len(
-                    tokens):  # a block filled: hash it, as vLLM's Request does
-                self._hashes(request)
+            self._record_token(request, token_id, entry)
+
+    def append_token_many(self, requests: Sequence[EngineRequest],
+                          token_ids: Sequence[int]) -> None:
+        """``append_token(request, token_id)`` of each pair, in order, each request once (a
+        step's sampled tokens in one call). All or nothing: every token id is checked first
+        (``TypeError``; one the allocator refuses: ``InvalidArgument``), and nothing is
+        appended if one is bad."""
+        reqs = list(requests)
+        tokens = [t if type(t) is int else _as_token(t) for t in token_ids]
+        if len(reqs) != len(tokens):
+            raise ValueError(f"append_token_many: {len(reqs)} requests but {len(tokens)} "
+                             "token ids")
+        if len({id(r) for r in reqs}) != len(reqs):
+            raise ValueError("append_token_many: a request appears twice")
+        with self._lock:
+            entries = [self._synced(request) for request in reqs]
+            synced = [(request.request_id, [token_id])
+                      for request, token_id, entry in zip(reqs, tokens, entries, strict=True)
+                      if entry is not None]
+            if synced:  # every id checked there first: a refused one changes nothing
+                self._alloc.append_tokens_many(synced)
+            record = self._record_token
+            for request, token_id, entry in zip(reqs, tokens, entries, strict=True):
+                record(request, token_id, entry)
+
+    def _synced(self, request: EngineRequest) -> _Live | None:
+        """The request's entry if the allocator knows every token it has so far (then it is
+        told a new one at once); None if it holds no blocks or a rollback made the allocator
+        forget some (it learns them all at the next publish or commit: ``_sync_many``)."""
+        entry = self._live.get(request.request_id)
+        if entry is not None and entry.req is request and entry.known == len(request._all):
+            return entry
+        return None
+
+    def _record_token(self, request: EngineRequest, token_id: int,
+                      entry: _Live | None) -> None:
+        """The request takes the token (the allocator was told if ``entry``: ``_synced``)."""
+        if entry is not None:
+            entry.known += 1
+        tokens = request._all
+        tokens.append(token_id)
+        if self.enable_caching and (len(request.block_hashes) + 1) * self.block_size <= len(
+                tokens):  # a block filled: hash it, as vLLM's Request does
+            self._hashes(request)
 
     @_locked
     def record_prefix_cache_stats(self, request: EngineRequest, num_hits: int) -> None:

@@ -82,6 +82,11 @@ EXPECTED_SIGNATURES = {
     "KVCacheManager.preempt": "(self, request: 'EngineRequest') -> 'None'",
     "KVCacheManager.append_token": (
         "(self, request: 'EngineRequest', token_id: 'int') -> 'None'"),
+    "KVCacheManager.allocate_slots_many": (
+        "(self, requests: 'Sequence[EngineRequest]', num_new_tokens: 'Sequence[int]') -> "
+        "'list[KVCacheBlocks]'"),
+    "KVCacheManager.append_token_many": (
+        "(self, requests: 'Sequence[EngineRequest]', token_ids: 'Sequence[int]') -> 'None'"),
     "KVCacheManager.publish": "(self, requests: 'Sequence[EngineRequest]') -> 'Launch'",
     "KVCacheManager.complete": "(self, launch: 'Launch') -> 'None'",
     "KVCacheManager.poll": "(self) -> 'int'",
