@@ -654,9 +654,10 @@ class KVCacheManager:
                 self._sweep()
             live = self._live
             entries: list[_Live] = []
-            for request, n in zip(reqs, counts, strict=True):
+            for i, (request, n) in enumerate(zip(reqs, counts, strict=True)):
                 if type(n) is not int or n <= 0:
-                    if _count(n, "num_new_tokens") == 0:
+                    counts[i] = n = _count(n, "num_new_tokens")
+                    if n == 0:
                         raise ValueError("allocate_slots_many: num_new_tokens must be > 0")
                 entry = live.get(getattr(request, "request_id", None))
                 if entry is None or entry.req is not request:
@@ -671,7 +672,7 @@ class KVCacheManager:
                 if grew(entry, request, n):
                     out.append(empty)
                     continue
-                new = self._allocate_slots(request, int(n), 0, None, 0, 0, 0, False, 0, True)
+                new = self._allocate_slots(request, n, 0, None, 0, 0, 0, False, 0, True)
                 if new is None:
                     break
                 out.append(new)

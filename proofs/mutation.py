@@ -119,6 +119,9 @@ TARGETS = (
     Target("allocator/launch.py", "pagedkv.allocator.launch", "allocator"),
     # block-table arithmetic and the integer / count checks every public call goes through
     Target("allocator/table.py", "pagedkv.allocator.table", "allocator"),
+    # the tables again as int32 rows, and the launch copies kernels read (a wrong entry there
+    # reads another request's KV)
+    Target("allocator/table_rows.py", "pagedkv.allocator.table_rows", "allocator"),
 )
 
 # Mutants proved or argued equivalent (no test can tell them apart from the original), keyed

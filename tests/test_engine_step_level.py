@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pagedkv.allocator import InvalidArgument
@@ -77,6 +78,17 @@ def test_allocate_slots_many_is_allocate_slots_of_each_until_one_does_not_fit(se
     assert [b.block_ids for b in got] == [b.block_ids for b in expected]
     assert _state(m1, reqs1) == _state(m2, reqs2)
     m1.allocator.check_invariants()
+
+
+def test_allocate_slots_many_takes_numpy_counts_as_ints():
+    m1, reqs1 = _world(4)
+    m2, reqs2 = _world(4)
+    counts = [1, 2, 9, 1, 5]
+    got = m1.allocate_slots_many(reqs1, [np.int64(n) for n in counts])
+    assert [b.block_ids for b in got] == [
+        b.block_ids for b in m2.allocate_slots_many(reqs2, counts)]
+    assert _state(m1, reqs1) == _state(m2, reqs2)
+    assert all(type(m1.allocator.num_reserved(r.request_id)) is int for r in reqs1)
 
 
 def test_allocate_slots_many_stops_at_the_first_request_that_does_not_fit():
