@@ -309,3 +309,92 @@ def test_a_small_launch_gets_a_fresh_copy_a_large_one_the_kept_one() -> None:
     one = rows.take([a], 3)[0]  # 1 x 4 entries: a fresh copy, nothing kept
     assert one.tolist() == [[1, 2, 3, -1]] and not one.flags.writeable
     assert len(rows._copies) == 1
+
+
+# --- growth, memory bounds and which copy comes back (the mutation run's survivors) -------------
+def test_rows_and_width_grow_only_when_full_and_then_double() -> None:
+    rows = TableRows(rows=4, width=4)
+    opened = [rows.open() for _ in range(4)]
+    assert sorted(opened) == [0, 1, 2, 3] and rows.blocks.shape[0] == 4  # every row used first
+    opened += [rows.open() for _ in range(4)]
+    assert sorted(opened) == list(range(8)) and rows.blocks.shape[0] == 8  # doubled, all used
+    rows.put(opened[0], 0, [1, 2, 3, 4], [0] * 4)  # exactly full: no growth
+    assert rows.width == 4
+    rows.put(opened[0], 4, [5], [0])  # one past: doubles
+    assert rows.width == 8
+    rows.put(opened[1], 0, list(range(20)), [1] * 20)  # past double: as wide as needed
+    assert rows.width == 20
+    assert not rows.mismatches(opened[0], [1, 2, 3, 4, 5], [0] * 5)
+    assert not rows.mismatches(opened[1], list(range(20)), [1] * 20)
+
+
+@pytest.mark.parametrize("incremental_from", [0, 1 << 30])
+def test_a_launch_wider_than_the_rows_is_padded(incremental_from: int) -> None:
+    """One put of more than twice the width leaves the rows 11 wide; the launch is 16 wide."""
+    rows = TableRows(rows=2, width=4, incremental_from=incremental_from)
+    a, b = rows.open(), rows.open()
+    rows.put(a, 0, list(range(100, 111)), list(range(11)))
+    rows.put(b, 0, [7], [3])
+    assert rows.width == 11
+    bt, tg = rows.take([b, a], 11)
+    assert bt.shape == tg.shape == (2, 16)
+    assert bt.tolist() == [[7] + [-1] * 15, list(range(100, 111)) + [-1] * 5]
+    assert tg.tolist() == [[3] + [-1] * 15, list(range(11)) + [-1] * 5]
+
+
+def test_at_most_four_copies_are_kept_least_recently_used_dropped() -> None:
+    rows = TableRows(rows=8, width=4, incremental_from=0)
+    opened = [rows.open() for _ in range(5)]
+    for row in opened:
+        rows.put(row, 0, [row + 1], [0])
+    bases = {}
+    for n in range(1, 6):  # launches of 1, 2, ... 5 rows: a copy of each shape
+        bt, _ = rows.take(opened[:n], 1)
+        bases[n] = id(bt.base)
+        del bt, _
+    assert len(rows._copies) == 4
+    again, _ = rows.take(opened[:2], 1)  # the 2-row copy was kept: it comes back
+    assert id(again.base) == bases[2]
+    assert [len(c.rows) for c in rows._copies] == [3, 4, 5, 2]  # the 1-row one was dropped
+
+
+def test_a_copy_of_other_rows_is_reused_only_for_as_many_rows_and_the_same_ones_first() -> None:
+    rows = TableRows(rows=4, width=4, incremental_from=0)
+    a, b, c = rows.open(), rows.open(), rows.open()
+    for row in (a, b, c):
+        rows.put(row, 0, [row + 10, row + 20], [0, 0])
+    ab, _ = rows.take([a, b], 2)
+    bc, _ = rows.take([b, c], 2)
+    ids = id(ab.base), id(bc.base)
+    del ab, bc, _
+    one, _ = rows.take([c], 2)  # two rows' copies do not serve one row
+    assert one.shape == (1, 2) and one.tolist() == [[c + 10, c + 20]]
+    assert id(one.base) not in ids
+    del one, _
+    again, _ = rows.take([a, b], 2)  # both copies are free; the one of these rows comes back
+    assert id(again.base) == ids[0] and again.tolist() == [[a + 10, a + 20], [b + 10, b + 20]]
+
+
+def test_an_updated_copy_is_read_only_again() -> None:
+    rows = TableRows(rows=2, width=4, incremental_from=0)
+    a = rows.open()
+    rows.put(a, 0, [1, 2], [0, 0])
+    bt, _ = rows.take([a], 3)  # 4 wide, as the next one
+    first = id(bt.base)
+    del bt, _
+    rows.put(a, 2, [3], [0])
+    bt, tg = rows.take([a], 3)
+    assert id(bt.base) == first and bt.tolist() == [[1, 2, 3, -1]]
+    for arr in (bt, tg):
+        with pytest.raises(ValueError, match="read-only"):
+            arr[0, 0] = 9
+
+
+def test_mismatches_takes_any_sequence_and_a_table_past_the_width() -> None:
+    rows = TableRows(rows=2, width=4)
+    a = rows.open()
+    rows.put(a, 0, [5, 6, 7], [1, 2, 3])
+    assert not rows.mismatches(a, (5, 6, 7), (1, 2, 3))
+    assert rows.mismatches(a, (5, 6, 8), (1, 2, 3))
+    assert rows.mismatches(a, (5, 6, 7), (1, 2, 4))
+    assert rows.mismatches(a, [5, 6, 7, 8, 9], [1] * 5)  # longer than the rows are wide
