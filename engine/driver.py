@@ -167,10 +167,11 @@ class PagedKVDriver:
         self.manager.append_token(self.requests[rid], token)
 
     # -- step-level calls: a scheduler that batches its step ------------------------------
-    def allocate_running(self, rids: Sequence[Any],
-                         num_new_tokens: Sequence[int]) -> list[list[int]]:
-        """``allocate(rid, n)`` of each running request and its ``n`` new tokens, in order,
-        stopping at the first one that does not fit (``KVCacheManager.allocate_slots_many``):
+    def allocate_running(self, rids: Sequence[Any], num_new_tokens: Sequence[int],
+                         num_lookahead_tokens: int = 0) -> list[list[int]]:
+        """``allocate(rid, n, num_lookahead_tokens)`` of each running request and its ``n``
+        new tokens, in order, stopping at the first one that does not fit
+        (``KVCacheManager.allocate_slots_many``):
         the new block ids of each one allocated. A shorter list than ``rids`` means
         ``rids[len(result)]`` did not fit; it and those after it are unchanged."""
         requests = self.requests
@@ -179,7 +180,8 @@ class PagedKVDriver:
             if req.status != RequestStatus.RUNNING:
                 raise ValueError(f"request {req.request_id!r} is not running (admit it with "
                                  "add() and allocate())")
-        got = self.manager.allocate_slots_many(reqs, num_new_tokens)
+        got = self.manager.allocate_slots_many(reqs, num_new_tokens,
+                                               num_lookahead_tokens=num_lookahead_tokens)
         scheduled, launched = self._scheduled, self._launched
         for req in reqs[:len(got)]:
             rid = req.request_id

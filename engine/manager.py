@@ -635,20 +635,24 @@ class KVCacheManager:
         return True
 
     def allocate_slots_many(self, requests: Sequence[EngineRequest],
-                            num_new_tokens: Sequence[int]) -> list[KVCacheBlocks]:
-        """The running pass of a scheduler step in one call: ``allocate_slots(request, n)``
-        (no lookahead) for each running request and its ``n`` new tokens, in order, stopping
-        at the first one that does not fit. Returns the new blocks of each request allocated,
-        in order: a list shorter than ``requests`` means ``requests[len(result)]`` did not fit
-        and it and those after it are unchanged (a scheduler then preempts, as vLLM's does,
-        and calls again from it). Every argument is checked before anything changes: each
-        request must hold blocks of this manager (admissions go through ``allocate_slots``)
-        and appear once, each count be an int > 0 (``ValueError`` / ``TypeError``)."""
+                            num_new_tokens: Sequence[int], *,
+                            num_lookahead_tokens: int = 0) -> list[KVCacheBlocks]:
+        """The running pass of a scheduler step in one call: ``allocate_slots(request, n,
+        num_lookahead_tokens=num_lookahead_tokens)`` for each running request and its ``n``
+        new tokens, in order, stopping at the first one that does not fit (vLLM's scheduler
+        passes one lookahead to every running request). Returns the new blocks of each
+        request allocated, in order: a list shorter than ``requests`` means
+        ``requests[len(result)]`` did not fit and it and those after it are unchanged (a
+        scheduler then preempts, as vLLM's does, and calls again from it). Every argument is
+        checked before anything changes: each request must hold blocks of this manager
+        (admissions go through ``allocate_slots``) and appear once, each count be an int > 0
+        and the lookahead an int >= 0 (``ValueError`` / ``TypeError``)."""
         reqs = list(requests)
         counts = list(num_new_tokens)
         if len(reqs) != len(counts):
             raise ValueError(f"allocate_slots_many: {len(reqs)} requests but "
                              f"{len(counts)} token counts")
+        lookahead = _count(num_lookahead_tokens, "num_lookahead_tokens")
         with self._lock:
             if self._inflight:
                 self._sweep()
@@ -669,10 +673,10 @@ class KVCacheManager:
             out: list[KVCacheBlocks] = []
             empty, grew = self.empty_kv_cache_blocks, self._grew_within_table
             for entry, request, n in zip(entries, reqs, counts, strict=True):
-                if grew(entry, request, n):
+                if not lookahead and grew(entry, request, n):
                     out.append(empty)
                     continue
-                new = self._allocate_slots(request, n, 0, None, 0, 0, 0, False, 0, True)
+                new = self._allocate_slots(request, n, 0, None, lookahead, 0, 0, False, 0, True)
                 if new is None:
                     break
                 out.append(new)

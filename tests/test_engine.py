@@ -83,8 +83,8 @@ EXPECTED_SIGNATURES = {
     "KVCacheManager.append_token": (
         "(self, request: 'EngineRequest', token_id: 'int') -> 'None'"),
     "KVCacheManager.allocate_slots_many": (
-        "(self, requests: 'Sequence[EngineRequest]', num_new_tokens: 'Sequence[int]') -> "
-        "'list[KVCacheBlocks]'"),
+        "(self, requests: 'Sequence[EngineRequest]', num_new_tokens: 'Sequence[int]', *, "
+        "num_lookahead_tokens: 'int' = 0) -> 'list[KVCacheBlocks]'"),
     "KVCacheManager.append_token_many": (
         "(self, requests: 'Sequence[EngineRequest]', token_ids: 'Sequence[int]') -> 'None'"),
     "KVCacheManager.publish": "(self, requests: 'Sequence[EngineRequest]') -> 'Launch'",

@@ -63,15 +63,17 @@ def _state(m: KVCacheManager, reqs: list[EngineRequest]) -> Any:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_allocate_slots_many_is_allocate_slots_of_each_until_one_does_not_fit(seed: int):
+@pytest.mark.parametrize("lookahead", [0, 3])
+def test_allocate_slots_many_is_allocate_slots_of_each_until_one_does_not_fit(
+        seed: int, lookahead: int):
     rng = random.Random(1000 + seed)
     m1, reqs1 = _world(seed)
     m2, reqs2 = _world(seed)
     counts = [rng.choice((1, 1, 2, 3, 5, 9, 17)) for _ in reqs1]
-    got = m1.allocate_slots_many(reqs1, counts)
+    got = m1.allocate_slots_many(reqs1, counts, num_lookahead_tokens=lookahead)
     expected = []
     for req, n in zip(reqs2, counts, strict=True):
-        new = m2.allocate_slots(req, n)
+        new = m2.allocate_slots(req, n, num_lookahead_tokens=lookahead)
         if new is None:
             break
         expected.append(new)
@@ -104,7 +106,8 @@ def test_allocate_slots_many_stops_at_the_first_request_that_does_not_fit():
     assert m.allocator.num_reserved("r0") == reqs[0].num_computed_tokens + B
 
 
-@pytest.mark.parametrize("bad", ["zero", "float", "stranger", "twice", "lengths", "waiting"])
+@pytest.mark.parametrize("bad", ["zero", "float", "stranger", "twice", "lengths", "waiting",
+                                 "lookahead"])
 def test_allocate_slots_many_refuses_bad_input_and_changes_nothing(bad: str):
     m, reqs = _world(5)
     counts = [1] * len(reqs)
@@ -119,11 +122,11 @@ def test_allocate_slots_many_refuses_bad_input_and_changes_nothing(bad: str):
         counts.append(1)
     elif bad == "lengths":
         counts.pop()
-    else:
+    elif bad == "waiting":
         m.preempt(reqs[3])
     before = _state(m, reqs)
     with pytest.raises((ValueError, TypeError)):
-        m.allocate_slots_many(reqs, counts)
+        m.allocate_slots_many(reqs, counts, num_lookahead_tokens=-1 if bad == "lookahead" else 0)
     assert _state(m, reqs) == before
 
 
