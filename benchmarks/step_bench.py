@@ -111,6 +111,9 @@ def run_step_level(bench: Any, args: argparse.Namespace, driver: str) -> dict[st
     """The trace through ``batched_loop.run`` on a fresh driver from the factory ``driver``:
     the figures ``bench.run`` reports for the same run that ``main`` prints (allocator
     seconds, per-op milliseconds, the run's decisions) and the launch's share."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
     import batched_loop
 
     trace = bench.make_trace(args.seed, num_requests=args.requests)
@@ -151,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     bench = load_bench()
     out: dict[str, Any] = {}
     totals: dict[str, list[float]] = {name: [] for name in (*DRIVERS, *STEP_LEVEL)}
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # batched_loop
     for r in range(args.rounds):
         for name, driver in DRIVERS.items():
             ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "rounds"},
