@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from anchor_paths import VLLM_KVCACHE_CANDIDATES
 
 from pagedkv.allocator import InvalidArgument
 from pagedkv.engine import EngineRequest, KVCacheManager, RequestStatus
@@ -177,8 +178,7 @@ def test_driver_commit_many_checks_every_pair_first():
 
 
 # ---- the batched scheduler loop against the anchor's per-request loop ---------------------
-_CANDIDATES = [Path(p) / "anchors" / "vllm_kvcache" for p in filter(None, [
-    os.environ.get("PAGEDKV_SHARED"), str(ROOT.parent / "shared"), "/work/shared"])]
+_CANDIDATES = VLLM_KVCACHE_CANDIDATES
 ANCHOR = next((c for c in _CANDIDATES if (c / "traces.py").is_file()), None)
 
 
@@ -201,6 +201,11 @@ def loops() -> Any:
         "batched_loop", ROOT / "benchmarks" / "batched_loop.py")
 
 
+def _small_trace(traces: Any, seed: int) -> list[dict]:
+    return traces.make_trace(seed, num_requests=40, prompt_len=(8, 120), output_len=(4, 40),
+                             system_len=(8, 64), burst=24)
+
+
 def _by_step(ops: list[tuple]) -> dict[int, list[tuple]]:
     """A step's ops as a multiset: the batched loop orders commits, appends and frees by
     kind, the per-request loop by request."""
@@ -215,8 +220,7 @@ def _by_step(ops: list[tuple]) -> dict[int, list[tuple]]:
 def test_batched_loop_makes_the_per_request_loops_decisions(loops: Any, seed: int,
                                                             blocks: int):
     traces, batched = loops
-    trace = traces.make_trace(seed, num_requests=40, prompt_len=(8, 120), output_len=(4, 40),
-                              system_len=(8, 64), burst=24)
+    trace = _small_trace(traces, seed)
     single_ops: list[tuple] = []
     batched_ops: list[tuple] = []
     single = traces.simulate(trace, pk_driver.make(blocks, 8), token_budget=256,
@@ -235,8 +239,7 @@ def test_batched_loop_makes_the_per_request_loops_decisions(loops: Any, seed: in
 def test_batched_loop_preempts_under_pressure(loops: Any):
     """The comparison above covers preemptions (the pass restarts from the refused one)."""
     traces, batched = loops
-    trace = traces.make_trace(1, num_requests=40, prompt_len=(8, 120), output_len=(4, 40),
-                              system_len=(8, 64), burst=24)
+    trace = _small_trace(traces, 1)
     ops: list[tuple] = []
     batched.run(trace, pk_driver.make(96, 8), token_budget=256, max_running=16,
                 record_ops=ops)

@@ -40,16 +40,14 @@ import random
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
+from anchor_paths import VLLM_KVCACHE_CANDIDATES
 
 pytestmark = pytest.mark.vllm
 
-_ROOT = Path(__file__).resolve().parents[1]
-_CANDIDATES = [Path(p) / "anchors" / "vllm_kvcache" for p in filter(None, [
-    os.environ.get("PAGEDKV_SHARED"), str(_ROOT.parent / "shared"), "/work/shared"])]
+_CANDIDATES = VLLM_KVCACHE_CANDIDATES
 ANCHOR = next((c for c in _CANDIDATES if (c / "vllm_kv.py").is_file()), _CANDIDATES[0])
 NUM_TRACES = 300
 CLASSES = ("same_step_hit", "dedup", "dedup_eviction")
