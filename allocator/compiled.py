@@ -214,19 +214,21 @@ class _SymPost:
         self.fields = fields
 
 
-def _sym_field(field: str) -> _SymArr:
-    """A symbolic spec array whose reads are the storage's own (``storage.read_source``)."""
+def _sym_field(field: str, read: Callable[..., str] = read_source) -> _SymArr:
+    """A symbolic spec array whose reads are the storage's own (``storage.read_source``, or
+    another storage's ``read``)."""
     if FIELDS[field][1] == HOLDS:
-        return _SymArr(lambda r: _SymArr(lambda b: _Sym(read_source(field, r, b))))
-    return _SymArr(lambda k: _Sym(read_source(field, k)))
+        return _SymArr(lambda r: _SymArr(lambda b: _Sym(read(field, r, b))))
+    return _SymArr(lambda k: _Sym(read(field, k)))
 
 
 class _SymView:
-    """The pool's arrays as the spec sees them; reads build source over the storage."""
+    """The pool's arrays as the spec sees them; reads build source over the storage (``read``:
+    the source of ``field[keys...]``, by default ``storage.read_source``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read: Callable[..., str] = read_source) -> None:
         for f in FIELDS:
-            setattr(self, f, _sym_field(f))
+            setattr(self, f, _sym_field(f, read))
         self.block_size = _Sym("block_size")
         self.num_blocks = _Sym("num_blocks")
         self.block_ids = _SymIds("range(num_blocks)")
@@ -243,11 +245,12 @@ _NOT_BLOCK_KEYED = tuple(f for f in _VERIFIED_FIELDS if INDEX_KIND[f] != "block"
 _CODE_CACHE: dict[Any, Any] = {}
 
 
-def _source_of(fn: Any, params: tuple[str, ...]) -> Any:
+def _source_of(fn: Any, params: tuple[str, ...],
+               read: Callable[..., str] = read_source, ops: Any = _SymOps) -> Any:
     """Evaluate a spec function symbolically: a term, a post-state, or None if unsupported."""
     _LOOPS.clear()
     try:
-        return fn(_SymOps, _SymView(), **{p: _Sym(p) for p in params})
+        return fn(ops, _SymView(read), **{p: _Sym(p) for p in params})
     except (_Unsupported, TypeError, AttributeError):
         return None
 

@@ -12,7 +12,13 @@ Workloads (mirroring ../shared/anchors/vllm_blockpool/bench.py, which times vLLM
   ``pool``: BlockPool.open_holder + take x n + release x n (reversed) + close_holder;
   ``pool, batched``: the same with one ``take_many(r, n)`` and one ``run_many("release", ...)``
   (each a compiled loop of the spec's transition), the closest mirror of vLLM's
-  get_new_blocks(n) + free_blocks(reversed(...)), which are one call each too.
+  get_new_blocks(n) + free_blocks(reversed(...)), which are one call each too;
+  ``native pool``: NativePool (the spec's transitions as numba loops) with one
+  ``take_many("r", n)`` and one ``release_many("r", blocks[::-1])`` per round. ``holder open``:
+  the holder is opened once before timing (vLLM's BlockPool has no holders, so this is the
+  like-for-like figure); ``holder per round``: open_holder + close_holder every round, as the
+  pool rows. The native rows are compared with vLLM caching=on (as the pool rows) and again
+  with vLLM caching=off (``vs vLLM caching=off``). Skipped ("-") where numba is missing.
 - prefix: 2,000 requests, block size 16, a shared 64-block prefix + 2 unique blocks + 1 token.
   ``hit`` (vLLM "lookup + touch + free"): per request, look up the hashes of its leading full
   blocks, take a reference on each hit, free them. pool layer, hashes precomputed (as vLLM's
@@ -22,6 +28,10 @@ Workloads (mirroring ../shared/anchors/vllm_blockpool/bench.py, which times vLLM
   lifecycle also performs publish + begin_write + end_write on each new block, and
   the allocator lifecycle is add_request (hashing) + allocate + publish + Launch.complete +
   commit + free; publish/complete (building the numpy launch arrays) is timed apart too.
+  ``native pool``: both pool workloads on a NativePool with batched calls: the hits found with
+  ``lookup`` in a Python loop, then one ``share_many``, ``take_many``, ``publish_many``,
+  ``begin_write_many``, ``end_write_many``, ``commit_many`` and ``release_many`` (reversed) per
+  request; its mean hit length is checked (untimed) to equal the pool workload's.
 - hashing: pagedkv's block_hash on the requests' blocks (hashes/s), every block hashed.
 
 Each figure is the best (minimum time) of ``--repeat`` timings. Checked and unchecked modes.
@@ -43,8 +53,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from pagedkv.allocator import BlockAllocator, BlockPool
 from pagedkv.allocator.hashing import block_hash
+from pagedkv.allocator.native_pool import NativePool, NativeUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHOR = ROOT.parent / "shared" / "anchors" / "vllm_blockpool"
@@ -99,6 +112,40 @@ def alloc_free_pool(n: int, rounds: int, checked: bool, repeat: int,
             p.close_holder("r")
 
     return rounds * n / best_time(run, repeat)
+
+
+def alloc_free_native(n: int, rounds: int, checked: bool, repeat: int,
+                      holder_per_round: bool = False) -> float | None:
+    """NativePool: one ``take_many("r", n)`` and one ``release_many("r", blocks[::-1])`` per
+    round. By default the holder "r" is opened once, before timing: vLLM's BlockPool has no
+    holders (get_new_blocks / free_blocks keep no per-request record), so that is the
+    like-for-like figure; ``holder_per_round`` opens and closes the holder every round, as
+    ``alloc_free_pool`` does. None where the native pool cannot run (numba missing)."""
+    try:
+        p = NativePool(NUM_BLOCKS, B, checked=checked)
+    except NativeUnavailable:
+        return None
+    take_many, release_many = p.take_many, p.release_many
+    open_holder, close_holder = p.open_holder, p.close_holder
+    open_holder("r")
+    release_many("r", take_many("r", n)[::-1])  # warm: the first call of each signature
+    if holder_per_round:
+        close_holder("r")
+
+        def run() -> None:
+            for _ in range(rounds):
+                open_holder("r")
+                release_many("r", take_many("r", n)[::-1])
+                close_holder("r")
+    else:
+        def run() -> None:
+            for _ in range(rounds):
+                release_many("r", take_many("r", n)[::-1])
+
+    t = best_time(run, repeat)
+    if not holder_per_round:
+        close_holder("r")
+    return rounds * n / t
 
 
 # ---- prefix workload --------------------------------------------------------------------------
@@ -188,6 +235,84 @@ def prefix_pool(checked: bool, nreq: int, repeat: int) -> dict[str, float]:
         "life_mean_hit_blocks": sum(hits) / len(hits),
         "hash_s": nhash / t_hash,
         "hashes_per_req": nhash / nreq,
+    }
+
+
+def _native_request(p: NativePool, r: object, toks: list[int], hashes: list[int]) -> int:
+    """``_pool_request`` with the native pool's batched calls; returns the hit length. The
+    same decisions: lookup does not change the pool, and a request's chain hashes are
+    distinct, so looking up every hit before sharing, and every commit's hash before
+    committing, chooses what the per-block interleaving chooses."""
+    p.open_holder(r)
+    lookup = p.lookup
+    hit = []
+    for h in hashes[: (len(toks) - 1) // B]:
+        b = lookup(h)
+        if b is None:
+            break
+        hit.append(b)
+    hb = np.array(hit, np.int64)
+    p.share_many(r, hb)
+    new = p.take_many(r, -(-len(toks) // B) - len(hit))
+    p.publish_many(r, new)
+    p.begin_write_many(r, new, B)
+    p.end_write_many(new)
+    blocks = np.concatenate((hb, new))
+    idx = [i for i in range(len(hit), len(hashes)) if lookup(hashes[i]) is None]
+    p.commit_many(r, blocks[idx], [hashes[i] for i in idx])
+    p.release_many(r, blocks[::-1])
+    p.close_holder(r)
+    return len(hit)
+
+
+def prefix_native(checked: bool, nreq: int, repeat: int,
+                  expect_mean_hit: float | None = None) -> dict[str, float | None]:
+    """``prefix_pool``'s two workloads on a NativePool, batched (``_native_request``), in the
+    same order (warm request, hit loop, full loop), so the pool makes the same decisions. With
+    ``expect_mean_hit`` (``prefix_pool``'s ``life_mean_hit_blocks`` for the same ``nreq`` and
+    ``repeat``), the mean hit length is checked against it once, after the timing (ValueError if
+    they differ). All None where the native pool cannot run (numba missing)."""
+    try:
+        p = NativePool(PREFIX_POOL, B, checked=checked)
+    except NativeUnavailable:
+        return {"hit_req_s": None, "life_req_s": None, "life_mean_hit_blocks": None}
+    toks = prefix_tokens(nreq)
+    hashes = [chain(t) for t in toks]
+    _native_request(p, 0, toks[0], hashes[0])  # warm: request 0 populates the prefix
+
+    def hit_loop() -> None:
+        lookup, share_many, release_many = p.lookup, p.share_many, p.release_many
+        for i in range(nreq):
+            r = ("h", i)
+            p.open_holder(r)
+            hit = []
+            for h in hashes[i][: (len(toks[i]) - 1) // B]:
+                b = lookup(h)
+                if b is None:
+                    break
+                hit.append(b)
+            hb = np.array(hit, np.int64)
+            share_many(r, hb)
+            release_many(r, hb[::-1])
+            p.close_holder(r)
+
+    t_hit = best_time(hit_loop, repeat)
+    hits: list[int] = []
+
+    def full_loop() -> None:
+        hits.clear()
+        for i in range(1, nreq):
+            hits.append(_native_request(p, i, toks[i], hashes[i]))
+
+    t_full = best_time(full_loop, repeat)
+    mean_hit = sum(hits) / len(hits)
+    if expect_mean_hit is not None and mean_hit != expect_mean_hit:
+        raise ValueError(f"native pool: mean hit {mean_hit} blocks, BlockPool "
+                         f"{expect_mean_hit}: the two pools decided differently")
+    return {
+        "hit_req_s": nreq / t_hit,
+        "life_req_s": (nreq - 1) / t_full,
+        "life_mean_hit_blocks": mean_hit,
     }
 
 
@@ -281,6 +406,15 @@ def run_anchor(repeat: int) -> tuple[dict | None, str]:
     return None, "anchor printed no result"
 
 
+def native_status() -> str:
+    """Whether the native pool rows ran ("ok"), or why they show "-"."""
+    try:
+        NativePool(1, B)
+    except NativeUnavailable as exc:
+        return f"skipped ({exc})"
+    return "ok"
+
+
 # ---- report -----------------------------------------------------------------------------------
 def fmt(v: float | None) -> str:
     if v is None:
@@ -312,8 +446,16 @@ def build_rows(res: dict, anchor: dict | None) -> list[tuple[str, str, float | N
         rows.append((f"alloc+free n={n} (pool layer, batched)", "blocks/s",
                      res["pool_batched"][f"{n}"]["unchecked"],
                      res["pool_batched"][f"{n}"]["checked"], v.get(n)))
+    v_off = (anchor or {}).get("alloc_free_caching_False", {})
+    for vs, suffix in ((v, ""), (v_off, " vs vLLM caching=off")):
+        for key, what in (("pool_native", "holder open"), ("pool_native_holders",
+                                                           "holder per round")):
+            for n in SIZES:
+                rows.append((f"alloc+free n={n} (native pool, {what}){suffix}", "blocks/s",
+                             res[key][f"{n}"]["unchecked"], res[key][f"{n}"]["checked"],
+                             vs.get(n)))
     ap = (anchor or {}).get("prefix", {})
-    pp, pa = res["prefix_pool"], res["prefix_alloc"]
+    pp, pa, pn = res["prefix_pool"], res["prefix_alloc"], res["prefix_native"]
     v_hit = ap.get("lookup+touch+free req/s")
     v_life = ap.get("full lifecycle req/s")
     v_hash = ap.get("sha256 block-hash/s (Request hasher)")
@@ -322,8 +464,12 @@ def build_rows(res: dict, anchor: dict | None) -> list[tuple[str, str, float | N
     rows += [
         ("prefix lookup+touch+free (pool)", "req/s", pp["unchecked"]["hit_req_s"],
          pp["checked"]["hit_req_s"], v_hit),
+        ("prefix lookup+touch+free (native pool)", "req/s", pn["unchecked"]["hit_req_s"],
+         pn["checked"]["hit_req_s"], v_hit),
         ("prefix full lifecycle, pool ops (pool; +publish/access)", "req/s",
          pp["unchecked"]["life_req_s"], pp["checked"]["life_req_s"], v_life),
+        ("prefix full lifecycle, pool ops (native pool; +publish/access)", "req/s",
+         pn["unchecked"]["life_req_s"], pn["checked"]["life_req_s"], v_life),
         ("prefix full lifecycle excl. publish/complete (alloc, hashing incl.)", "req/s",
          pa["unchecked"]["life_excl_publish_req_s"], pa["checked"]["life_excl_publish_req_s"],
          v_life_h),
@@ -359,7 +505,8 @@ def main() -> None:
     repeat = 2 if args.quick else args.repeat
     scale = 20 if args.quick else 1
     nreq = NREQ // scale
-    res: dict = {"alloc": {}, "pool": {}, "pool_batched": {}, "prefix_pool": {},
+    res: dict = {"alloc": {}, "pool": {}, "pool_batched": {}, "pool_native": {},
+                 "pool_native_holders": {}, "prefix_pool": {}, "prefix_native": {},
                  "prefix_alloc": {}}
     for caching in (True, False):
         res["alloc"][f"{caching}"] = {}
@@ -376,8 +523,15 @@ def main() -> None:
         res["pool_batched"][f"{n}"] = {
             mode: alloc_free_pool(n, rounds, mode == "checked", repeat, batched=True)
             for mode in ("unchecked", "checked")}
+        for key, per_round in (("pool_native", False), ("pool_native_holders", True)):
+            res[key][f"{n}"] = {
+                mode: alloc_free_native(n, rounds, mode == "checked", repeat, per_round)
+                for mode in ("unchecked", "checked")}
     for mode in ("unchecked", "checked"):
         res["prefix_pool"][mode] = prefix_pool(mode == "checked", nreq, repeat)
+        res["prefix_native"][mode] = prefix_native(
+            mode == "checked", nreq, repeat,
+            expect_mean_hit=res["prefix_pool"][mode]["life_mean_hit_blocks"])
         res["prefix_alloc"][mode] = prefix_alloc(mode == "checked", nreq, repeat)
     res["prefix_alloc"]["nomemo"] = prefix_alloc(False, nreq, repeat, memo=False)
     anchor, why = (None, "not requested (--with-vllm)")
@@ -395,9 +549,11 @@ def main() -> None:
         "repeat": repeat,
         "statistic": "best (min time) of repeats",
         "vllm_anchor": why,
+        "native_pool": native_status(),
     }
     print(text)
     print(f"\nvLLM anchor: {why}")
+    print(f"native pool: {meta['native_pool']}")
     if not args.no_save:
         RESULTS.mkdir(parents=True, exist_ok=True)
         md = ["# Allocator benchmark", ""] + [f"- {k}: {v}" for k, v in meta.items()] + [

@@ -32,6 +32,7 @@ WANT = {
     "kernels": {"numba", "numba-cuda", "torch"},
     "verify": {"z3-solver", "hypothesis", "crosshair-tool", "tqdm"},
     "plot": {"matplotlib"},
+    "native": {"numba"},
 }
 # never imported by pagedkv.allocator / .spec / .engine (numpy is the one core dependency)
 OPTIONAL_MODULES = ("numba", "llvmlite", "numba_cuda", "z3", "hypothesis", "crosshair", "tqdm",

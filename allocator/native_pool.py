@@ -1,0 +1,741 @@
+"""NativePool: the block pool with its spec transitions compiled to native loops (numba).
+
+The same lifecycle as ``BlockPool`` (same blocks chosen, same states, same errors; the tests
+run both side by side), kept in NumPy arrays (``native_source``'s layout) so that a batch of
+transitions runs as one native loop: ``take_many`` (allocations, with LRU eviction of cached
+blocks on the way), ``release_many``, ``share_many``, ``publish_many``,
+``begin_write_many``, ``end_write_many``, ``commit_many``. Each loop calls the spec's guard and
+effect of every block, generated from the spec (``spec=`` as for ``BlockPool``), and the
+generated module is checked against the interpreted spec on the probe states before any pool
+uses it (``self_check``). Launch numbering (``launch``, ``complete``, ``advance``) runs the
+interpreted spec once per launch. Checked mode re-evaluates the local invariants on every
+touched block, in their native form.
+
+Request ids and sha256 digests are mapped to small slots (holders from 1; hash slot 0 is
+``NO_HASH``). Needs numba (``pip install pagedkv[native]``); ``NativeUnavailable`` otherwise.
+The generated module is written once per spec to a cache folder (``PAGEDKV_NATIVE_CACHE``,
+default ``~/.cache/pagedkv``) so that numba's own cache keeps later imports fast.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from pagedkv.spec import (
+    CACHED,
+    CONCRETE,
+    FREE,
+    ISSUED,
+    NO_BLOCK,
+    NO_HASH,
+    RECLAIMED,
+    TRANSITIONS,
+    WATERMARK,
+    Overlay,
+    PoolState,
+    Transition,
+    takeable,
+)
+from pagedkv.spec.explain import refusal_detail
+from pagedkv.spec.model import ARRAY_FIELDS
+
+from . import native_source as ns
+from .compiled import _PROBE_BY_KIND, _effect_probe_pools, _probe_pools, _Unsupported
+from .errors import AllocatorError, GuardViolation, InvalidArgument, InvariantViolation
+from .pool import _GUARD_ERRORS, MAX_BLOCKS, MAX_HASH, clock_invariants, local_invariants
+from .storage import PoolStorage, _Members
+from .table import MAX_COUNT, check_block_size, check_count
+
+ROW, CLOCK0, COUNT0 = ns.ROW, ns.CLOCK0, ns.COUNT0
+UNKNOWN_HOLDER = 0  # the slot of every id that is not an open holder: never alive
+
+
+class NativeUnavailable(AllocatorError, ImportError):
+    """The native pool cannot run here: numba is missing, or a spec function cannot be
+    written over the native arrays, or the generated code disagrees with the spec."""
+
+
+# ---- the generated module, once per spec -------------------------------------------------------
+_MODULES: dict[str, ModuleType] = {}
+_BY_SPEC: dict[tuple[Any, ...], ModuleType] = {}
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("PAGEDKV_NATIVE_CACHE") or str(Path.home() / ".cache" / "pagedkv")
+    path = Path(base)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".writable"
+        probe.touch()
+        return path
+    except OSError:
+        path = Path(tempfile.gettempdir()) / "pagedkv-native"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def native_module(spec: Mapping[str, Transition] | None = None) -> ModuleType:
+    """The compiled module of ``spec``'s transitions (default ``spec.TRANSITIONS``), generated,
+    written to the cache folder, imported and checked against the interpreted spec
+    (``self_check``) once per process."""
+    spec = TRANSITIONS if spec is None else spec
+    key = tuple((name, spec[name]) for name in ns.NATIVE)
+    mod = _BY_SPEC.get(key)
+    if mod is not None:
+        return mod
+    try:
+        import numba  # noqa: F401
+    except ImportError as exc:
+        raise NativeUnavailable("the native pool needs numba: pip install pagedkv[native]") \
+            from exc
+    try:
+        source = ns.module_source(spec, local_invariants())
+    except _Unsupported as exc:
+        raise NativeUnavailable(f"a spec function has no native form: {exc}") from None
+    digest = ns.source_digest(source)
+    mod = _MODULES.get(digest)
+    if mod is None:
+        name = f"pagedkv_native_{digest}"
+        path = _cache_dir() / f"{name}.py"
+        if not path.exists() or path.read_text() != source:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            os.replace(tmp, path)
+        loader = importlib.util.spec_from_file_location(name, path)
+        assert loader is not None and loader.loader is not None
+        mod = importlib.util.module_from_spec(loader)
+        sys.modules[name] = mod
+        loader.loader.exec_module(mod)
+        wrong = self_check(mod, spec)
+        if wrong:
+            raise NativeUnavailable(f"the generated code disagrees with the spec: {wrong}")
+        _MODULES[digest] = mod
+    _BY_SPEC[key] = mod
+    return mod
+
+
+# ---- the view: the native arrays as the spec's state, keyed by request ids and digests ---------
+class _HashRow:
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: NativePool) -> None:
+        self._pool = pool
+
+    def __getitem__(self, b: Any) -> Any:
+        return self._pool._digest[self._pool.B[ROW["hash"], b]]
+
+
+class _HashMap:
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: NativePool) -> None:
+        self._pool = pool
+
+    def __getitem__(self, h: Any) -> int:
+        slot = self._pool._hslot.get(h)
+        return NO_BLOCK if slot is None else int(self._pool.X[slot])
+
+
+class _Holder:
+    __slots__ = ("_pool", "_row")
+
+    def __init__(self, pool: NativePool, row: int) -> None:
+        self._pool, self._row = pool, row
+
+    def __getitem__(self, r: Any) -> Any:
+        slot = self._pool._slot.get(r, UNKNOWN_HOLDER)
+        value = int(self._pool.H[self._row, slot])
+        return bool(value) if self._row == 0 else value
+
+
+class _HoldsOf:
+    __slots__ = ("_pool", "_slot")
+
+    def __init__(self, pool: NativePool, slot: int) -> None:
+        self._pool, self._slot = pool, slot
+
+    def __getitem__(self, b: Any) -> bool:
+        if not 0 <= b < self._pool.num_blocks:
+            return False
+        return bool(self._pool.mod.has_key(self._pool.K, self._slot, b))
+
+
+class _Holds:
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: NativePool) -> None:
+        self._pool = pool
+
+    def __getitem__(self, r: Any) -> _HoldsOf:
+        return _HoldsOf(self._pool, self._pool._slot.get(r, UNKNOWN_HOLDER))
+
+
+class NativePool:
+    """Physical blocks, their lifecycle states, the eviction queue and the prefix-hash map, in
+    NumPy arrays; batches of spec transitions run as native loops."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, checked: bool = True,
+                 spec: Mapping[str, Transition] | None = None) -> None:
+        num_blocks = check_count(num_blocks, "num_blocks", MAX_BLOCKS)
+        if num_blocks == 0:
+            raise InvalidArgument("num_blocks must be >= 1")
+        block_size = check_block_size(block_size)
+        if num_blocks * block_size > MAX_COUNT:
+            raise InvalidArgument(f"num_blocks * block_size must be <= {MAX_COUNT}")
+        if not isinstance(checked, bool | np.bool_):
+            raise InvalidArgument(f"checked must be a bool, got {type(checked).__name__}")
+        self.spec: Mapping[str, Transition] = TRANSITIONS if spec is None else spec
+        self.mod = native_module(self.spec)
+        self.checked = bool(checked)
+        self._setup(num_blocks, block_size)
+
+    def _setup(self, n: int, block_size: int) -> None:
+        self.num_blocks, self.block_size = n, block_size
+        B = self.B = np.zeros((len(ns.ROWS), n + 1), np.int64)
+        B[ROW["queued"], :n] = 1  # every block FREE and queued in id order, 0 at the head
+        B[ROW["next"]] = np.arange(1, n + 2) % (n + 1)
+        B[ROW["prev"]] = (np.arange(n + 1) - 1) % (n + 1)
+        self.M = np.zeros(ns.META_SIZE, np.int64)
+        self.M[COUNT0 + FREE] = n
+        self.M[ns.QLEN] = n
+        self.M[ns.BLOCK_SIZE] = block_size
+        self.H = np.zeros((2, 64), np.int64)
+        self.K = np.full(1024, ns.EMPTY_KEY, np.int64)
+        self.X = np.full(64, NO_BLOCK, np.int64)
+        self._slot: dict[Hashable, int] = {}
+        self._rid: list[Any] = [None] * self.H.shape[1]
+        self._free_slots = list(range(self.H.shape[1] - 1, UNKNOWN_HOLDER, -1))
+        self._hslot: dict[int, int] = {}
+        self._digest: list[int] = [NO_HASH] * len(self.X)
+        self._free_hslots = list(range(len(self.X) - 1, 0, -1))
+        self.inflight: set[int] = set()
+        self.retire_queue: deque[tuple[int, int]] = deque()
+        # Scratch outputs of the native loops (a take may evict every cached block).
+        self._out = np.empty(n + 1, np.int64)
+        self._scratch = np.empty((3, 2 * n + 2), np.int64)
+        self._one = np.empty((1, 1), np.int64)
+        self._keys_bound = 0
+        self.view = PoolState(
+            **{f: self.B[ROW[f], :n] for f in ROW if f in ARRAY_FIELDS and f != "hash"},
+            hash=_HashRow(self), hmap=_HashMap(self), alive=_Holder(self, 0),
+            nheld=_Holder(self, 1), holds=_Holds(self),
+            count=self.M[COUNT0:COUNT0 + CLOCK0], clock=self.M[CLOCK0:CLOCK0 + 2],
+            inflight=_Members(self.inflight), block_size=block_size, num_blocks=n,
+            block_ids=range(n),  # type: ignore[arg-type]
+            holder_ids=self._slot.keys(),  # type: ignore[arg-type]
+        )
+
+    # ---- slots ---------------------------------------------------------------------------------
+    def _holder(self, r: Hashable) -> int:
+        try:
+            return self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            raise InvalidArgument(f"holder ids must be hashable, got {type(r).__name__}") \
+                from None
+
+    def _new_holder_slot(self, r: Hashable) -> int:
+        if not self._free_slots:
+            old = self.H.shape[1]
+            self.H = np.concatenate([self.H, np.zeros_like(self.H)], axis=1)
+            self._rid += [None] * old
+            self._free_slots = list(range(2 * old - 1, old - 1, -1))
+        slot = self._free_slots.pop()
+        self._slot[r] = slot
+        self._rid[slot] = r
+        return slot
+
+    def _hash_slot(self, h: object) -> int:
+        """The slot of digest h, interned if new (released again by ``_release_hash``)."""
+        if type(h) is not int or not 0 <= h <= MAX_HASH:
+            h = check_count(h, "hash", MAX_HASH)
+        if h == NO_HASH:
+            return 0
+        slot = self._hslot.get(h)
+        if slot is None:
+            if not self._free_hslots:
+                old = len(self.X)
+                self.X = np.concatenate([self.X, np.full(old, NO_BLOCK, np.int64)])
+                self._digest += [NO_HASH] * old
+                self._free_hslots = list(range(2 * old - 1, old - 1, -1))
+            slot = self._free_hslots.pop()
+            self._hslot[h] = slot
+            self._digest[slot] = h
+        return slot
+
+    def _release_hash(self, slot: int) -> None:
+        if slot and self.X[slot] == NO_BLOCK and self._digest[slot] != NO_HASH:
+            del self._hslot[self._digest[slot]]
+            self._digest[slot] = NO_HASH
+            self._free_hslots.append(slot)
+
+    def _room_for_keys(self, n: int) -> None:
+        """The holds set can take n more keys at a load of at most one half.
+        ``_keys_bound`` bounds the cells in use (keys and deleted ones): each call adds n,
+        a rehash resets it to the live keys, so rehashing costs O(1) per key added."""
+        self._keys_bound += n
+        if self._keys_bound <= len(self.K) // 2:
+            return
+        live = int((self.K >= 0).sum())
+        cap = len(self.K)
+        while cap < 4 * (live + n):
+            cap *= 2
+        new = np.full(cap, ns.EMPTY_KEY, np.int64)
+        self.mod.rehash(self.K, new)
+        self.K = new
+        self._keys_bound = live + n
+
+    @staticmethod
+    def _ids(blocks: object, what: str = "block ids") -> np.ndarray:
+        if type(blocks) is np.ndarray and blocks.dtype == np.int64 and blocks.ndim == 1:
+            return blocks
+        if isinstance(blocks, np.ndarray):
+            if blocks.ndim != 1 or blocks.dtype.kind not in "iu":
+                raise InvalidArgument(f"{what} must be a 1-d integer array, got {blocks.dtype}"
+                                      f" of shape {blocks.shape}")
+            return blocks.astype(np.int64, copy=False)
+        if isinstance(blocks, str | bytes | set | frozenset | Mapping) or not isinstance(
+                blocks, Iterable):
+            raise InvalidArgument(f"{what} must be an ordered sequence, got "
+                                  f"{type(blocks).__name__}")
+        items = list(blocks)
+        if any(type(b) is not int for b in items):
+            for b in items:
+                if isinstance(b, bool | np.bool_) or not isinstance(b, int | np.integer):
+                    raise InvalidArgument(f"{what}: {b!r} is not an integer")
+        try:
+            return np.array(items, np.int64) if items else np.empty(0, np.int64)
+        except OverflowError:
+            raise InvalidArgument(f"{what} must fit in int64") from None
+
+    # ---- refusals and checks -------------------------------------------------------------------
+    def _refuse(self, name: str, **params: Any) -> None:
+        b = params.get("b")
+        if b is not None and not 0 <= b < self.num_blocks:
+            raise InvalidArgument(f"block id {b!r} out of range [0, {self.num_blocks})")
+        t = self.spec[name]
+        detail = refusal_detail(t.guard, self.view, name, params)
+        raise _GUARD_ERRORS.get(name, GuardViolation)(name, detail)
+
+    def _check_touched(self, name: str, blocks: np.ndarray, n: int) -> None:
+        if not self.checked or n == 0:
+            return
+        i = self.mod.first_failing(self.B, self.M, self.H, self.K, self.X, blocks, n)
+        if i >= 0:
+            b = int(blocks[i])
+            values = self.mod.each(self.B, self.M, self.H, self.K, self.X, b)
+            invs = local_invariants()
+            failed = next(inv for inv, ok in zip(invs, values, strict=True) if not ok)
+            raise InvariantViolation(failed.name, f"after {name}, at block {b}")
+
+    def _interpreted(self, name: str, **params: Any) -> None:
+        """A launch-clock transition (launch, complete, advance): the spec's guard and effect,
+        interpreted on the view; the effect's writes (clock, launches in flight) applied."""
+        t = self.spec[name]
+        if not t.guard(CONCRETE, self.view, **params):
+            self._refuse(name, **params)
+        post = t.effect(CONCRETE, self.view, **params)
+        for field in ARRAY_FIELDS:
+            value = getattr(post, field)
+            if not isinstance(value, Overlay):
+                continue
+            for k, v in value.changes().items():
+                if field == "clock":
+                    self.M[CLOCK0 + k] = v
+                elif field == "count":
+                    self.M[COUNT0 + k] = v
+                elif field == "inflight":
+                    (self.inflight.add if v else self.inflight.discard)(k)
+                elif field in ROW and field != "hash":
+                    self.B[ROW[field], k] = v
+                else:
+                    raise NativeUnavailable(f"{name} writes {field}: not a launch-clock field")
+        if self.checked:
+            for inv in clock_invariants():
+                at = params.get("L", int(self.M[CLOCK0 + WATERMARK]))
+                args = () if inv.scope == "pool" else (at,)
+                if not inv.pred(CONCRETE, self.view, *args):
+                    raise InvariantViolation(inv.name, f"after {name}")
+
+    # ---- holders ---------------------------------------------------------------------------------
+    def open_holder(self, r: Hashable) -> None:
+        slot = self._holder(r)
+        new = slot == UNKNOWN_HOLDER
+        if new:
+            slot = self._new_holder_slot(r)
+        P = self._one
+        P[0, 0] = slot
+        if self.mod.run_open_holder(self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
+            if new:
+                self._forget_holder(r)
+            self._refuse("open_holder", r=r)
+
+    def close_holder(self, r: Hashable) -> None:
+        slot = self._holder(r)
+        P = self._one
+        P[0, 0] = slot
+        if self.mod.run_close_holder(self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
+            self._refuse("close_holder", r=r)
+        if slot != UNKNOWN_HOLDER:
+            self._forget_holder(r)
+
+    def _forget_holder(self, r: Hashable) -> None:
+        slot = self._slot.pop(r)
+        self._rid[slot] = None
+        self.H[:, slot] = 0
+        self._free_slots.append(slot)
+
+    # ---- batches ---------------------------------------------------------------------------------
+    def take_many(self, r: Hashable, n: int) -> np.ndarray:
+        """``BlockPool.take_many``: n blocks from the queue's head for holder r, evicting
+        cached heads on the way (LRU order), as an int64 array; the blocks taken before a
+        refused one stay taken. The caller checks ``usable()`` first (an exhausted queue is an
+        ``AssertionError``, as there)."""
+        if type(n) is not int or n < 0:
+            n = check_count(n, "n (blocks taken)")
+        try:
+            slot = self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            slot = self._holder(r)  # raises InvalidArgument
+        self._room_for_keys(n)
+        S, out = self._scratch, np.empty(n, np.int64)
+        taken, nev, nt, refused, status = self.mod.take_many(
+            self.B, self.M, self.H, self.K, self.X, slot, n, out, S)
+        if nev:
+            for slot_h in S[1, :nev].tolist():
+                self._release_hash(slot_h)
+        if self.checked:
+            self._check_touched("take_many", S[2], nt)
+        if status:
+            if status == self.mod.TAKE_EXHAUSTED:
+                raise AssertionError("take_many() on an exhausted pool")
+            self._refuse("evict" if status == self.mod.TAKE_EVICT_REFUSED else "allocate",
+                         b=refused, **({} if status == self.mod.TAKE_EVICT_REFUSED else
+                                       {"r": r}))
+        return out[:taken]
+
+    def release_many(self, r: Hashable, blocks: object) -> None:
+        """``BlockPool.release(b, r)`` for each block in order: at ref 0 a REFERENCED block is
+        cached (the queue's tail), any other is reclaimed and recycled once no launch that
+        may read it is in flight. A refused block raises its guard's error (``DoubleFree``);
+        the blocks before it stay released."""
+        bs = self._ids(blocks)
+        try:
+            slot = self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            slot = self._holder(r)
+        n = len(bs)
+        done, nret = self.mod.release_many(self.B, self.M, self.H, self.K, self.X, slot, bs,
+                                           n, self._out)
+        if nret:
+            stamp = int(self.M[CLOCK0 + ISSUED])
+            self.retire_queue.extend(zip(itertools.repeat(stamp), self._out[:nret].tolist()))
+        if self.checked:
+            self._check_touched("release", bs, done)
+        if done < n:
+            self._refuse("release", b=int(bs[done]), r=r)
+
+    def share_many(self, r: Hashable, blocks: object) -> None:
+        """``BlockPool.share(b, r)`` for each block in order (a prefix hit or a fork: a CACHED
+        block is revived and leaves the queue); stops at the first refusal, as
+        ``release_many``."""
+        bs = self._ids(blocks)
+        slot = self._holder(r)
+        self._room_for_keys(len(bs))
+        done = self.mod.share_many(self.B, self.M, self.H, self.K, self.X, slot, bs, len(bs))
+        self._check_touched("share", bs, done)
+        if done < len(bs):
+            self._refuse("share", b=int(bs[done]), r=r)
+
+    def _run(self, name: str, columns: list[np.ndarray]) -> None:
+        """Spec transition ``name`` on each column of parameters, in order, stopping at the
+        first refusal (raised; the columns before it stay applied)."""
+        P = np.vstack(columns) if columns[0].size else np.empty((len(columns), 0), np.int64)
+        n = P.shape[1]
+        done = getattr(self.mod, f"run_{name}")(self.B, self.M, self.H, self.K, self.X, P, n)
+        self._check_touched(name, P[0], done)
+        if done < n:
+            params = self.spec[name].params
+            args = {p: int(P[i, done]) for i, p in enumerate(params)}
+            self._refuse(name, **args)
+
+    def publish_many(self, r: Hashable, blocks: object) -> None:
+        bs = self._ids(blocks)
+        self._run("publish", [bs, np.full(len(bs), self._holder(r), np.int64)])
+
+    def begin_write_many(self, r: Hashable, blocks: object, slots: int | object) -> None:
+        """A launch through r's table writes ``slots`` slots (one count, or one per block) of
+        each block."""
+        bs = self._ids(blocks)
+        if isinstance(slots, int | np.integer) and not isinstance(slots, bool | np.bool_):
+            ws = np.full(len(bs), check_count(slots, "slots", self.block_size), np.int64)
+        else:
+            ws = self._ids(slots, "slots")
+            if len(ws) != len(bs):
+                raise InvalidArgument(f"{len(ws)} slot counts for {len(bs)} blocks")
+        self._run("begin_write", [bs, np.full(len(bs), self._holder(r), np.int64), ws])
+
+    def end_write_many(self, blocks: object) -> None:
+        """The launch that wrote each block completed; a reclaimed block is recycled if it
+        can be now."""
+        bs = self._ids(blocks)
+        done = self.mod.end_write_many(self.B, self.M, self.H, self.K, self.X, bs, len(bs))
+        self._check_touched("end_write", bs, done)
+        if done < len(bs):
+            self._refuse("end_write", b=int(bs[done]))
+
+    def commit_many(self, r: Hashable, blocks: object, hashes: Sequence[int]) -> None:
+        """Each full, written block becomes REFERENCED under its hash (a prefix hit from
+        now on)."""
+        bs = self._ids(blocks)
+        if isinstance(hashes, str | bytes | set | frozenset) or len(hashes) != len(bs):
+            raise InvalidArgument("commit_many needs one hash per block, in order")
+        hs = np.array([self._hash_slot(h) for h in hashes], np.int64)
+        try:
+            self._run("commit", [bs, np.full(len(bs), self._holder(r), np.int64), hs])
+        finally:
+            for slot in hs.tolist():
+                self._release_hash(slot)  # a refused commit's digest is not kept
+
+    def rewind(self, b: int, r: Hashable, k: int) -> None:
+        self._run("rewind", [self._ids([b]), np.array([self._holder(r)], np.int64),
+                             np.array([check_count(k, "k (slots kept)", self.block_size)],
+                                      np.int64)])
+
+    # ---- the launch clock ------------------------------------------------------------------------
+    def launch(self) -> int:
+        """Number the next launch (it may read every block held now); returns its number."""
+        L = int(self.M[CLOCK0 + ISSUED])
+        self._interpreted("launch", L=L)
+        return L
+
+    def complete(self, L: int) -> None:
+        self._interpreted("complete", L=check_count(L, "launch number"))
+
+    def advance_watermark(self) -> int:
+        """Advance the watermark past every completed launch below the oldest one in flight,
+        draining the retire queue as it moves (``BlockPool.advance_watermark``)."""
+        guard, n = self.spec["advance"].guard, 0
+        while guard(CONCRETE, self.view):
+            self._interpreted("advance")
+            self._drain()
+            n += 1
+        return n
+
+    def _drain(self) -> None:
+        q, retire, state = self.retire_queue, self.B[ROW["retire"]], self.B[ROW["state"]]
+        watermark = self.M[CLOCK0 + WATERMARK]
+        reclaimed: list[int] = []
+        while q and q[0][0] <= watermark:
+            stamp, b = q.popleft()
+            if retire[b] != stamp:
+                continue
+            if state[b] == CACHED:
+                self.M[ns.CACHED_BUSY] -= 1
+            elif state[b] == RECLAIMED:
+                reclaimed.append(b)
+        if reclaimed:
+            bs = np.array(reclaimed, np.int64)
+            self.mod.recycle_where(self.B, self.M, self.H, self.K, self.X, bs, len(bs))
+            self._check_touched("recycle", bs, len(bs))
+
+    # ---- reads -----------------------------------------------------------------------------------
+    def lookup(self, h: int) -> int | None:
+        slot = self._hslot.get(h)
+        if slot is None:
+            return None
+        b = int(self.X[slot])
+        return None if b == NO_BLOCK else b
+
+    def usable(self) -> int:
+        M = self.M
+        return int(M[COUNT0 + FREE] + M[COUNT0 + CACHED] - M[ns.CACHED_BUSY])
+
+    def waiting(self) -> int:
+        return int(self.M[COUNT0 + RECLAIMED] + self.M[ns.CACHED_BUSY])
+
+    @property
+    def cached_busy(self) -> int:
+        return int(self.M[ns.CACHED_BUSY])
+
+    def queue_order(self) -> list[int]:
+        n = self.mod.q_order(self.B, self._out)
+        return self._out[:n].tolist()
+
+    def held_by(self, r: Hashable) -> set[int]:
+        slot = self._holder(r)
+        if slot == UNKNOWN_HOLDER:
+            return set()
+        n = self.mod.holder_blocks(self.K, slot, self._out)
+        return set(self._out[:n].tolist())
+
+    # ---- the spec's state, and loading one -------------------------------------------------------
+    def storage(self) -> PoolStorage:
+        """This pool's contents as a list-based ``PoolStorage`` (what ``BlockPool`` keeps;
+        O(pool)): for comparisons, ``abstract()`` and the interpreted spec."""
+        p = PoolStorage(self.num_blocks, self.block_size)
+        n = self.num_blocks
+        for f in ROW:
+            if f in ("prev", "next"):
+                continue
+            values = self.B[ROW[f], :n].tolist()
+            if f == "hash":
+                values = [self._digest[s] for s in values]
+            elif f in ("init", "queued"):
+                values = [bool(v) for v in values]
+            getattr(p, f)[:] = values
+        p.queue._next[:] = self.B[ROW["next"]].tolist()
+        p.queue._prev[:] = self.B[ROW["prev"]].tolist()
+        p.queue.length = int(self.M[ns.QLEN])
+        p.count[:] = self.M[COUNT0:COUNT0 + CLOCK0].tolist()
+        p.clock[:] = self.M[CLOCK0:CLOCK0 + 2].tolist()
+        p.hmap.update({d: int(self.X[s]) for d, s in self._hslot.items()
+                       if self.X[s] != NO_BLOCK})
+        p.inflight.update(self.inflight)
+        for r, slot in self._slot.items():
+            if self.H[0, slot]:
+                p.held[r] = self.held_by(r)
+        return p
+
+    def abstract(self) -> PoolState:
+        return self.storage().abstract()
+
+    def load(self, p: PoolStorage) -> None:
+        """Replace this pool's contents with p's (same geometry; p's holders, hashes, queue
+        links and launches in flight). For the self-check and tests."""
+        if (p.num_blocks, p.block_size) != (self.num_blocks, self.block_size):
+            raise InvalidArgument("load needs a storage of the same geometry")
+        self._setup(self.num_blocks, self.block_size)
+        for r in p.held:
+            self._new_holder_slot(r)
+        B, n = self.B, self.num_blocks
+        for f in ROW:
+            if f in ("prev", "next", "hash", "queued"):
+                continue
+            B[ROW[f], :n] = getattr(p, f)
+        B[ROW["queued"], :n] = p.queued
+        B[ROW["next"]] = p.queue._next
+        B[ROW["prev"]] = p.queue._prev
+        digests = sorted({h for h in (*p.hash, *p.hmap) if h != NO_HASH})
+        for h in digests:
+            self._hash_slot(h)
+        B[ROW["hash"], :n] = [self._hslot.get(h, 0) for h in p.hash]
+        for h, b in p.hmap.items():
+            if h != NO_HASH:
+                self.X[self._hslot[h]] = b
+        self.M[COUNT0:COUNT0 + CLOCK0] = p.count
+        self.M[CLOCK0:CLOCK0 + 2] = p.clock
+        self.M[ns.QLEN] = p.queue.length
+        self.inflight.update(p.inflight)
+        self._room_for_keys(sum(len(bs) for bs in p.held.values()))
+        for r, bs in p.held.items():
+            slot = self._slot[r]
+            self.H[0, slot] = 1
+            self.H[1, slot] = len(bs)
+            for b in bs:
+                self.mod.add_key(self.K, self.M, slot, b)
+
+    def structure_errors(self) -> list[tuple[str, str]]:
+        """What the spec abstracts away, scanned: the holders' counts against the holds set,
+        the busy count, the spec's ``takeable`` count against ``usable()``, the retire
+        queue, the queue's links and flags."""
+        errors: list[tuple[str, str]] = []
+        p = self.storage()
+        for r, slot in self._slot.items():
+            if self.H[1, slot] != len(p.held[r]):
+                errors.append(("holders_consistent", f"nheld of {r!r} is {self.H[1, slot]}, "
+                                                     f"holds {len(p.held[r])}"))
+        errors += [("queue_is_free_and_cached", e) for e in p.queue.structure_errors()]
+        state, retire = self.B[ROW["state"], :self.num_blocks], self.B[ROW["retire"],
+                                                                         :self.num_blocks]
+        watermark = self.M[CLOCK0 + WATERMARK]
+        busy = int(((state == CACHED) & (retire > watermark)).sum())
+        if busy != self.cached_busy:
+            errors.append(("conservation", f"cached_busy {self.cached_busy} != {busy}"))
+        n_takeable = self.mod.count_takeable(self.B, self.M, self.H, self.K, self.X)
+        if n_takeable != self.usable():
+            errors.append(("conservation", f"usable() {self.usable()} != {n_takeable}, the "
+                                           f"blocks the spec's {takeable.__name__} holds for"))
+        stamps = [stamp for stamp, _ in self.retire_queue]
+        if stamps != sorted(stamps) or (stamps and stamps[0] <= watermark):
+            errors.append(("reused_after_its_readers", f"retire queue stamps {stamps[:8]}"))
+        return errors
+
+
+# ---- the self-check: generated code against the interpreted spec -------------------------------
+_PROBE_VALUES = {"b": (-1, *_PROBE_BY_KIND["block"], 6), "r": _PROBE_BY_KIND["holder"],
+                 "w": _PROBE_BY_KIND["slots"], "k": _PROBE_BY_KIND["slots"],
+                 "h": _PROBE_BY_KIND["hash"]}
+
+
+def _bare(mod: ModuleType, p: PoolStorage) -> NativePool:
+    pool = NativePool.__new__(NativePool)
+    pool.spec, pool.mod, pool.checked = TRANSITIONS, mod, False
+    pool._setup(p.num_blocks, p.block_size)
+    pool.load(p)
+    return pool
+
+
+def _same(pool: NativePool, want: PoolStorage, nheld: dict[Any, int]) -> bool:
+    """pool's contents are want's, its holders' counts ``nheld`` (the spec's, which a set's
+    size cannot always show: a weakened guard may release a block the holder does not
+    hold)."""
+    got = pool.storage()
+    fields = ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "queued",
+              "count", "clock", "held")
+    nheld_ok = all(pool.H[1, s] == nheld[r] for r, s in pool._slot.items())
+    hmap_ok = got.hmap == {h: b for h, b in want.hmap.items() if b != NO_BLOCK}
+    return nheld_ok and hmap_ok and all(getattr(got, f) == getattr(want, f) for f in fields)
+
+
+def self_check(mod: ModuleType, spec: Mapping[str, Transition]) -> str | None:
+    """None if every generated transition agrees with the interpreted spec on the probe
+    states (each parameter tuple: refused exactly where the guard fails, changing nothing,
+    else the spec's post-state), and the fused invariants with the interpreted ones; else
+    what disagreed."""
+    for name in ns.NATIVE:
+        t = spec[name]
+        run = getattr(mod, f"run_{name}")
+        combos = list(itertools.product(*(_PROBE_VALUES[x] for x in t.params)))
+        for pre in _effect_probe_pools(t):
+            pool = _bare(mod, pre)
+            for combo in combos:
+                kw = dict(zip(t.params, combo, strict=True))
+                want = PoolStorage(pre.num_blocks, pre.block_size)
+                want.copy_from(pre)
+                pool.load(pre)
+                col = [pool._slot.get(v) or pool._new_holder_slot(v) if p == "r" else
+                       pool._hash_slot(v) if p == "h" else v for p, v in kw.items()]
+                P = np.array(col, np.int64).reshape(len(col), 1)
+                ran = run(pool.B, pool.M, pool.H, pool.K, pool.X, P, 1) == 1
+                in_pool = all(0 <= v < pre.num_blocks for p, v in kw.items() if p == "b")
+                allowed = in_pool and bool(t.guard(CONCRETE, want.view, **kw))
+                if ran != allowed:
+                    return f"{name}{combo}: native {'ran' if ran else 'refused'}"
+                post = t.effect(CONCRETE, want.view, **kw) if allowed else want.view
+                nheld = {r: int(post.nheld[r]) for r in pool._slot}
+                if allowed:
+                    want.write(post, kw.get("r"), kw.get("b"))
+                if not _same(pool, want, nheld):
+                    return f"{name}{combo}: the post-states differ"
+    invs = local_invariants()
+    for pre in _probe_pools():
+        pool = _bare(mod, pre)
+        for b in range(pre.num_blocks):
+            want = tuple(bool(inv.pred(CONCRETE, pre.view,
+                                       b if inv.scope == "block" else pre.hash[b]))
+                         for inv in invs)
+            if tuple(mod.each(pool.B, pool.M, pool.H, pool.K, pool.X, b)) != want:
+                return f"local invariants at block {b}"
+    return None

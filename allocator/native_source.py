@@ -1,0 +1,267 @@
+"""The spec's guards, effects and local invariants as numba source over a native pool's arrays.
+
+A native pool (``native_pool.NativePool``) keeps the spec's fields in five NumPy arrays:
+
+- ``B``, int64 ``[len(ROWS), num_blocks + 1]``: one row per block field (``state`` ...
+  ``queued``) and the eviction queue's links (``prev``, ``next``); column ``num_blocks`` is
+  the queue's sentinel, never a block of the pool;
+- ``M``, int64: the per-state ``count``, the ``clock``, and the pool's own counters (``META``);
+- ``H``, int64 ``[2, holders]``: per holder slot, ``alive`` and ``nheld``;
+- ``K``, int64: the ``holds`` relation, an open-addressing set of ``(holder << 32) | block``;
+- ``X``, int64: the ``hmap``, per hash slot the block registered under it (``NO_BLOCK``).
+
+Holders and hashes are small ints (slots) there; the pool maps request ids and sha256 digests
+to them. Each spec function is evaluated once with ``compiled``'s symbolic ``ops`` and a view
+whose reads build source over those arrays (``read``), exactly as the list-based pool's code is
+built: what runs is the spec's own guard and effect. ``module_source`` writes them out, one
+``g_<name>`` (guard) and ``e_<name>`` (effect: every value it stores is read into a local
+first, on the pre-state, as the spec's effect reads its pre-state) per transition, plus
+``run_<name>`` (guard then effect per column of a parameter matrix, stopping at the first
+refusal), the fused local invariants, and the pool's policy loops (``native_policy.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from pagedkv.spec import ALL_STATES, NO_BLOCK, PARAM_KINDS, Transition
+from pagedkv.spec.model import BLOCK_FIELDS
+
+from .compiled import (
+    _holds_entries,
+    _lit,
+    _source_of,
+    _Sym,
+    _SymOps,
+    _SymPost,
+    _SymStore,
+    _truth,
+    _Unsupported,
+)
+
+ROWS = (*BLOCK_FIELDS, "prev", "next")
+ROW = {name: i for i, name in enumerate(ROWS)}
+META = ("count", "clock", "cached_busy", "qlen", "block_size")
+COUNT0 = 0
+CLOCK0 = len(ALL_STATES)
+CACHED_BUSY, QLEN, BLOCK_SIZE = range(CLOCK0 + 2, CLOCK0 + 5)
+META_SIZE = CLOCK0 + 5
+EMPTY_KEY, TOMB_KEY = -1, -2
+
+# Transitions a batch runs natively (the launch clock's own three run interpreted, once each).
+NATIVE = ("allocate", "publish", "begin_write", "end_write", "rewind", "commit", "share",
+          "release", "evict", "recycle", "open_holder", "close_holder")
+
+
+def read(field: str, *keys: str) -> str:
+    """Source reading the spec's ``field[keys...]`` from the native arrays."""
+    if field in ROW:
+        return f"B[{ROW[field]}, {keys[0]}]"
+    if field == "count":
+        return f"M[{COUNT0} + {keys[0]}]"
+    if field == "clock":
+        return f"M[{CLOCK0} + {keys[0]}]"
+    if field == "hmap":
+        return f"X[{keys[0]}]"
+    if field == "alive":
+        return f"(H[0, {keys[0]}] != 0)"
+    if field == "nheld":
+        return f"H[1, {keys[0]}]"
+    if field == "holds":
+        return f"has_key(K, {keys[0]}, {keys[1]})"
+    raise _Unsupported(f"{field} has no native storage")
+
+
+class _NativeOps(_SymOps):
+    """The connectives as numba compiles them fast: ``and``/``or`` chains over mixed bools
+    and ints cost numba tens of nanoseconds each, ``&``/``|`` over ``bool(...)`` about one
+    (and a conditional's branches are both made ints).
+    Every operand is evaluated (no short circuit): the callers range-check block ids before
+    any guard runs, so every read is in bounds."""
+
+    @staticmethod
+    def And(*args: Any) -> Any:
+        if not args:
+            return True
+        return _Sym("(" + " & ".join(f"bool({_truth(a)})" for a in args) + ")", True)
+
+    @staticmethod
+    def Or(*args: Any) -> Any:
+        if not args:
+            return False
+        return _Sym("(" + " | ".join(f"bool({_truth(a)})" for a in args) + ")", True)
+
+    @staticmethod
+    def Implies(a: Any, b: Any) -> _Sym:
+        return _Sym(f"((not bool({_truth(a)})) | bool({_truth(b)}))", True)
+
+    @staticmethod
+    def If(c: Any, a: Any, b: Any) -> _Sym:  # both branches int64: no bool/int unification
+        return _Sym(f"(int({_lit(a)}) if bool({_truth(c)}) else int({_lit(b)}))")
+
+
+def _native(fn: Any, params: tuple[str, ...]) -> Any:
+    return _source_of(fn, params, read, _NativeOps)
+
+
+def _target(field: str, key: str) -> str:
+    """The array cell a store to ``field[key]`` writes (list-like fields only)."""
+    if field == "alive":
+        return f"H[0, {key}]"
+    src = read(field, key)
+    if not src.startswith(("B[", "M[", "X[", "H[")):
+        raise _Unsupported(f"{field} is not stored by cell")
+    return src
+
+
+def guard_source(t: Transition) -> str:
+    term = _native(t.guard, t.params)
+    if term is None:
+        raise _Unsupported(f"the guard of {t.name}")
+    return _truth(term)
+
+
+def effect_lines(t: Transition) -> list[str]:
+    """The effect's stores, each value and key read first (on the pre-state) into a local."""
+    post = _native(t.effect, t.params)
+    if not isinstance(post, _SymPost):
+        raise _Unsupported(f"the effect of {t.name}")
+    reads: list[str] = []
+    stores: list[str] = []
+
+    def local(src: str) -> str:
+        reads.append(f"    _t{len(reads)} = {src}")
+        return f"_t{len(reads) - 1}"
+
+    for field, arr in post.fields.items():
+        if field == "holds":
+            for r, b, v in _holds_entries(arr):
+                r, b = local(r), local(b)
+                if v in ("True", "False"):
+                    op = "add_key(K, M, " if v == "True" else "discard_key(K, M, "
+                    stores.append(f"    {op}{r}, {b})")
+                else:
+                    v = local(f"bool({v})")
+                    stores.append(f"    if {v}:\n        add_key(K, M, {r}, {b})\n"
+                                  f"    else:\n        discard_key(K, M, {r}, {b})")
+            continue
+        if not isinstance(arr, _SymStore):
+            raise _Unsupported(f"{field} is not a store chain")
+        for k, v in arr.entries():  # oldest first: a later store to the same cell wins
+            k, v = local(k), local(v)
+            stores.append(f"    {_target(field, k)} = {v}")
+    return reads + stores
+
+
+def _sig(*params: str) -> str:
+    return ", ".join(("B", "M", "H", "K", "X", *params))
+
+
+# The pool's geometry as the spec's functions name it (``s.num_blocks``, ``s.block_size``).
+GEOMETRY = "    num_blocks = B.shape[1] - 1\n    block_size = M[BLOCK_SIZE]\n"
+
+
+def transition_source(t: Transition) -> str:
+    """``g_<name>``, ``e_<name>`` and ``run_<name>`` of one transition."""
+    params = t.params
+    body = effect_lines(t) or ["    pass"]
+    cols = "\n".join(f"        {p} = P[{i}, _i]" for i, p in enumerate(params))
+    inline = "@njit(cache=True, inline='always')\n"  # no call: numba inlines its IR
+    return (f"{inline}def g_{t.name}({_sig(*params)}):\n" + GEOMETRY
+            + f"    return bool({guard_source(t)})\n\n\n"
+            f"{inline}def e_{t.name}({_sig(*params)}):\n" + GEOMETRY + "\n".join(body)
+            + "\n\n\n"
+            f"@njit(cache=True)\ndef run_{t.name}({_sig('P', 'n')}):\n"
+            f"    for _i in range(n):\n{cols}\n"
+            + "".join(f"        if {p} < 0 or {p} >= B.shape[1] - 1:\n            return _i\n"
+                      for p in params if PARAM_KINDS.get(p) == "block")
+            + f"        if not g_{t.name}({_sig(*params)}):\n"
+            f"            return _i\n"
+            f"        e_{t.name}({_sig(*params)})\n"
+            f"    return n\n")
+
+
+def invariants_source(invariants: list[Any]) -> str:
+    """``first_failing(blocks, n)``: the index of the first of ``blocks[:n]`` where one of the
+    (block- or hash-scoped) invariants is false, or -1; ``each(b)``: their values at b."""
+    terms = []
+    for inv in invariants:
+        if inv.scope == "block":
+            term = _native(lambda ops, s, b, _p=inv.pred: _p(ops, s, b), ("b",))
+        else:  # over the block's hash
+            term = _native(lambda ops, s, h, _p=inv.pred: _p(ops, s, h), ("h",))
+        if term is None:
+            raise _Unsupported(f"invariant {inv.name}")
+        terms.append(f"bool({_truth(term)})")
+    each = ", ".join(terms) + ("," if len(terms) == 1 else "")
+    return (f"@njit(cache=True)\ndef each({_sig('b')}):\n" + GEOMETRY +
+            f"    h = B[{ROW['hash']}, b]\n"
+            f"    return ({each})\n\n\n"
+            f"@njit(cache=True)\ndef first_failing({_sig('blocks', 'n')}):\n" + GEOMETRY +
+            f"    for _i in range(n):\n"
+            f"        b = blocks[_i]\n"
+            f"        h = B[{ROW['hash']}, b]\n"
+            f"        if not ({' and '.join(terms) or 'True'}):\n"
+            f"            return _i\n"
+            f"    return -1\n")
+
+
+def takeable_source() -> str:
+    """``count_takeable()``: the blocks the spec's ``takeable`` holds for (what allocations
+    plan with; the pool's O(1) ``usable()`` is checked against it)."""
+    from pagedkv.spec import takeable
+
+    term = _native(takeable, ("b",))
+    if term is None:
+        raise _Unsupported("takeable")
+    return (f"@njit(cache=True)\ndef count_takeable({_sig()}):\n" + GEOMETRY +
+            f"    n = 0\n"
+            f"    for b in range(B.shape[1] - 1):\n"
+            f"        if {_truth(term)}:\n"
+            f"            n += 1\n"
+            f"    return n\n")
+
+
+def _constants() -> str:
+    from pagedkv import spec
+
+    names = ["FREE", "ALLOCATED", "PUBLISHED", "REFERENCED", "CACHED", "RECLAIMED",
+             "NO_HASH", "NO_BLOCK", "ISSUED", "WATERMARK"]
+    lines = [f"{n} = {getattr(spec, n)!r}" for n in names]
+    lines += [f"ROW_{name.upper()} = {i}" for i, name in enumerate(ROWS)]
+    lines += [f"CLOCK0 = {CLOCK0}", f"COUNT0 = {COUNT0}", f"CACHED_BUSY = {CACHED_BUSY}",
+              f"QLEN = {QLEN}", f"BLOCK_SIZE = {BLOCK_SIZE}",
+              f"EMPTY_KEY = {EMPTY_KEY}", f"TOMB_KEY = {TOMB_KEY}"]
+    return "\n".join(lines) + "\n"
+
+
+POLICY = Path(__file__).with_name("native_policy.py")
+
+# Every function is compiled without numba's reference counting: none of them allocates, and
+# counting the arrays passed from call to call costs tens of nanoseconds per call (atomics),
+# more than the transition itself.
+_HEADER = """from numba import njit as _njit
+
+
+def njit(**options):
+    return _njit(_nrt=False, **options)
+"""
+
+
+def module_source(spec: dict[str, Transition], invariants: list[Any]) -> str:
+    """The whole native module for these transitions and local invariants: constants, the
+    holds set and the queue (``native_policy.py``), one guard/effect/run per transition of
+    ``NATIVE``, the fused invariants and the policy loops. Raises ``_Unsupported`` if some
+    spec function cannot be written over the native arrays."""
+    assert NO_BLOCK == -1
+    parts = [_HEADER, _constants(), POLICY.read_text()]
+    parts += [transition_source(spec[name]) for name in NATIVE]
+    parts.append(invariants_source(invariants))
+    parts.append(takeable_source())
+    return "\n\n".join(parts)
+
+
+def source_digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:20]
