@@ -59,6 +59,7 @@ from .table import MAX_COUNT, check_block_size, check_count
 
 ROW, CLOCK0, COUNT0 = ns.ROW, ns.CLOCK0, ns.COUNT0
 UNKNOWN_HOLDER = 0  # the slot of every id that is not an open holder: never alive
+_INT64 = np.dtype(np.int64)
 
 
 class NativeUnavailable(AllocatorError, ImportError):
@@ -222,11 +223,11 @@ class NativePool:
         self._free_hslots = list(range(len(self.X) - 1, 0, -1))
         self.inflight: set[int] = set()
         self.retire_queue: deque[tuple[int, int]] = deque()
-        # Scratch outputs of the native loops (a take may evict every cached block).
-        self._out = np.empty(n + 1, np.int64)
-        self._scratch = np.empty((3, 2 * n + 2), np.int64)
+        # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).
+        self._scratch = np.empty((3, 64), np.int64)
         self._one = np.empty((1, 1), np.int64)
-        self._keys_bound = 0
+        self._keys_bound, self._keys_half = 0, len(self.K) // 2
+        self._take_many, self._release_many = self.mod.take_many, self.mod.release_many
         self.view = PoolState(
             **{f: self.B[ROW[f], :n] for f in ROW if f in ARRAY_FIELDS and f != "hash"},
             hash=_HashRow(self), hmap=_HashMap(self), alive=_Holder(self, 0),
@@ -280,12 +281,17 @@ class NativePool:
             self._digest[slot] = NO_HASH
             self._free_hslots.append(slot)
 
+    def _scratch_for(self, k: int) -> np.ndarray:
+        """Scratch rows of at least k entries (grown by doubling: amortized O(1))."""
+        self._scratch = np.empty((3, max(k, 2 * self._scratch.shape[1])), np.int64)
+        return self._scratch
+
     def _room_for_keys(self, n: int) -> None:
         """The holds set can take n more keys at a load of at most one half.
         ``_keys_bound`` bounds the cells in use (keys and deleted ones): each call adds n,
         a rehash resets it to the live keys, so rehashing costs O(1) per key added."""
         self._keys_bound += n
-        if self._keys_bound <= len(self.K) // 2:
+        if self._keys_bound <= self._keys_half:
             return
         live = int((self.K >= 0).sum())
         cap = len(self.K)
@@ -295,10 +301,11 @@ class NativePool:
         self.mod.rehash(self.K, new)
         self.K = new
         self._keys_bound = live + n
+        self._keys_half = cap // 2
 
     @staticmethod
     def _ids(blocks: object, what: str = "block ids") -> np.ndarray:
-        if type(blocks) is np.ndarray and blocks.dtype == np.int64 and blocks.ndim == 1:
+        if type(blocks) is np.ndarray and blocks.dtype is _INT64 and blocks.ndim == 1:
             return blocks
         if isinstance(blocks, np.ndarray):
             if blocks.ndim != 1 or blocks.dtype.kind not in "iu":
@@ -408,9 +415,16 @@ class NativePool:
             slot = self._slot.get(r, UNKNOWN_HOLDER)
         except TypeError:
             slot = self._holder(r)  # raises InvalidArgument
-        self._room_for_keys(n)
-        S, out = self._scratch, np.empty(n, np.int64)
-        taken, nev, nt, refused, status = self.mod.take_many(
+        if self._keys_bound + n > self._keys_half:
+            self._room_for_keys(n)
+        else:
+            self._keys_bound += n
+        # touched: the blocks taken and those evicted on the way (at most every CACHED one)
+        S = self._scratch
+        if S.shape[1] < n + self.M[COUNT0 + CACHED]:
+            S = self._scratch_for(n + int(self.M[COUNT0 + CACHED]))
+        out = np.empty(n, np.int64)
+        taken, nev, nt, refused, status = self._take_many(
             self.B, self.M, self.H, self.K, self.X, slot, n, out, S)
         if nev:
             for slot_h in S[1, :nev].tolist():
@@ -436,11 +450,12 @@ class NativePool:
         except TypeError:
             slot = self._holder(r)
         n = len(bs)
-        done, nret = self.mod.release_many(self.B, self.M, self.H, self.K, self.X, slot, bs,
-                                           n, self._out)
+        S = self._scratch if self._scratch.shape[1] >= n else self._scratch_for(n)
+        done, nret = self._release_many(self.B, self.M, self.H, self.K, self.X, slot, bs,
+                                        n, S[0])
         if nret:
             stamp = int(self.M[CLOCK0 + ISSUED])
-            self.retire_queue.extend(zip(itertools.repeat(stamp), self._out[:nret].tolist()))
+            self.retire_queue.extend(zip(itertools.repeat(stamp), S[0, :nret].tolist()))
         if self.checked:
             self._check_touched("release", bs, done)
         if done < n:
@@ -458,33 +473,47 @@ class NativePool:
         if done < len(bs):
             self._refuse("share", b=int(bs[done]), r=r)
 
-    def _run(self, name: str, columns: list[np.ndarray]) -> None:
-        """Spec transition ``name`` on each column of parameters, in order, stopping at the
-        first refusal (raised; the columns before it stay applied)."""
-        P = np.vstack(columns) if columns[0].size else np.empty((len(columns), 0), np.int64)
-        n = P.shape[1]
+    def _run(self, name: str, bs: np.ndarray, r: Hashable | None = None,
+             extra: np.ndarray | None = None) -> None:
+        """Spec transition ``name`` on each block of ``bs`` in order (its parameters: the
+        block, then holder r, then ``extra``'s values), stopping at the first refusal (raised;
+        the blocks before it stay applied)."""
+        params = self.spec[name].params
+        n = len(bs)
+        P = np.empty((len(params), n), np.int64)
+        P[0] = bs
+        if r is not None:
+            try:
+                P[1] = self._slot.get(r, UNKNOWN_HOLDER)
+            except TypeError:
+                P[1] = self._holder(r)
+        if extra is not None:
+            P[2] = extra
         done = getattr(self.mod, f"run_{name}")(self.B, self.M, self.H, self.K, self.X, P, n)
-        self._check_touched(name, P[0], done)
+        if self.checked:
+            self._check_touched(name, bs, done)
         if done < n:
-            params = self.spec[name].params
             args = {p: int(P[i, done]) for i, p in enumerate(params)}
+            if r is not None:
+                args["r"] = r
+            if "h" in args:
+                args["h"] = self._digest[args["h"]]
             self._refuse(name, **args)
 
     def publish_many(self, r: Hashable, blocks: object) -> None:
-        bs = self._ids(blocks)
-        self._run("publish", [bs, np.full(len(bs), self._holder(r), np.int64)])
+        self._run("publish", self._ids(blocks), r)
 
     def begin_write_many(self, r: Hashable, blocks: object, slots: int | object) -> None:
         """A launch through r's table writes ``slots`` slots (one count, or one per block) of
         each block."""
         bs = self._ids(blocks)
         if isinstance(slots, int | np.integer) and not isinstance(slots, bool | np.bool_):
-            ws = np.full(len(bs), check_count(slots, "slots", self.block_size), np.int64)
+            ws: Any = check_count(slots, "slots", self.block_size)
         else:
             ws = self._ids(slots, "slots")
             if len(ws) != len(bs):
                 raise InvalidArgument(f"{len(ws)} slot counts for {len(bs)} blocks")
-        self._run("begin_write", [bs, np.full(len(bs), self._holder(r), np.int64), ws])
+        self._run("begin_write", bs, r, ws)
 
     def end_write_many(self, blocks: object) -> None:
         """The launch that wrote each block completed; a reclaimed block is recycled if it
@@ -503,15 +532,13 @@ class NativePool:
             raise InvalidArgument("commit_many needs one hash per block, in order")
         hs = np.array([self._hash_slot(h) for h in hashes], np.int64)
         try:
-            self._run("commit", [bs, np.full(len(bs), self._holder(r), np.int64), hs])
+            self._run("commit", bs, r, hs)
         finally:
             for slot in hs.tolist():
                 self._release_hash(slot)  # a refused commit's digest is not kept
 
     def rewind(self, b: int, r: Hashable, k: int) -> None:
-        self._run("rewind", [self._ids([b]), np.array([self._holder(r)], np.int64),
-                             np.array([check_count(k, "k (slots kept)", self.block_size)],
-                                      np.int64)])
+        self._run("rewind", self._ids([b]), r, check_count(k, "k (slots kept)", self.block_size))
 
     # ---- the launch clock ------------------------------------------------------------------------
     def launch(self) -> int:
@@ -558,6 +585,23 @@ class NativePool:
         b = int(self.X[slot])
         return None if b == NO_BLOCK else b
 
+    def lookup_many(self, hashes: Sequence[int]) -> np.ndarray:
+        """The block registered under each hash (``NO_BLOCK``, -1, where none), as an int64
+        array: one dict read per hash and one vectorized read of the hash map."""
+        get = self._hslot.get
+        try:
+            slots = np.fromiter(map(get, hashes, itertools.repeat(0)), np.int64, len(hashes))
+        except TypeError:
+            raise InvalidArgument("hashes must be a sequence of hashable digests") from None
+        return self.X[slots]
+
+    def prefix_hits(self, hashes: Sequence[int]) -> np.ndarray:
+        """The blocks of the leading hashes that are registered, up to the first that is not
+        (what an admission shares: a prefix hit stops at the first miss)."""
+        blocks = self.lookup_many(hashes)
+        misses = np.flatnonzero(blocks < 0)
+        return blocks[:misses[0]] if misses.size else blocks
+
     def usable(self) -> int:
         M = self.M
         return int(M[COUNT0 + FREE] + M[COUNT0 + CACHED] - M[ns.CACHED_BUSY])
@@ -570,15 +614,15 @@ class NativePool:
         return int(self.M[ns.CACHED_BUSY])
 
     def queue_order(self) -> list[int]:
-        n = self.mod.q_order(self.B, self._out)
-        return self._out[:n].tolist()
+        out = np.empty(self.num_blocks, np.int64)
+        return out[:self.mod.q_order(self.B, out)].tolist()
 
     def held_by(self, r: Hashable) -> set[int]:
         slot = self._holder(r)
         if slot == UNKNOWN_HOLDER:
             return set()
-        n = self.mod.holder_blocks(self.K, slot, self._out)
-        return set(self._out[:n].tolist())
+        out = np.empty(self.num_blocks, np.int64)  # its keys are distinct blocks of the pool
+        return set(out[:self.mod.holder_blocks(self.K, slot, out)].tolist())
 
     # ---- the spec's state, and loading one -------------------------------------------------------
     def storage(self) -> PoolStorage:

@@ -29,9 +29,10 @@ Workloads (mirroring ../shared/anchors/vllm_blockpool/bench.py, which times vLLM
   the allocator lifecycle is add_request (hashing) + allocate + publish + Launch.complete +
   commit + free; publish/complete (building the numpy launch arrays) is timed apart too.
   ``native pool``: both pool workloads on a NativePool with batched calls: the hits found with
-  ``lookup`` in a Python loop, then one ``share_many``, ``take_many``, ``publish_many``,
-  ``begin_write_many``, ``end_write_many``, ``commit_many`` and ``release_many`` (reversed) per
-  request; its mean hit length is checked (untimed) to equal the pool workload's.
+  one ``prefix_hits`` (a dict read per hash, one vectorized read of the hash map), then one
+  ``share_many``, ``take_many``, ``publish_many``, ``begin_write_many``, ``end_write_many``,
+  ``commit_many`` and ``release_many`` (reversed) per request; its mean hit length is checked
+  (untimed) to equal the pool workload's.
 - hashing: pagedkv's block_hash on the requests' blocks (hashes/s), every block hashed.
 
 Each figure is the best (minimum time) of ``--repeat`` timings. Checked and unchecked modes.
@@ -239,30 +240,25 @@ def prefix_pool(checked: bool, nreq: int, repeat: int) -> dict[str, float]:
 
 
 def _native_request(p: NativePool, r: object, toks: list[int], hashes: list[int]) -> int:
-    """``_pool_request`` with the native pool's batched calls; returns the hit length. The
-    same decisions: lookup does not change the pool, and a request's chain hashes are
-    distinct, so looking up every hit before sharing, and every commit's hash before
-    committing, chooses what the per-block interleaving chooses."""
+    """``_pool_request`` with the native pool's batched calls (``prefix_hits``: the leading
+    cached blocks, one ``lookup_many`` of the rest before committing); returns the hit
+    length. The same decisions: a lookup does not change the pool, and a request's chain
+    hashes are distinct, so looking every hash up before sharing or committing chooses what
+    the per-block interleaving chooses."""
     p.open_holder(r)
-    lookup = p.lookup
-    hit = []
-    for h in hashes[: (len(toks) - 1) // B]:
-        b = lookup(h)
-        if b is None:
-            break
-        hit.append(b)
-    hb = np.array(hit, np.int64)
+    hb = p.prefix_hits(hashes[: (len(toks) - 1) // B])
     p.share_many(r, hb)
-    new = p.take_many(r, -(-len(toks) // B) - len(hit))
+    new = p.take_many(r, -(-len(toks) // B) - len(hb))
     p.publish_many(r, new)
     p.begin_write_many(r, new, B)
     p.end_write_many(new)
     blocks = np.concatenate((hb, new))
-    idx = [i for i in range(len(hit), len(hashes)) if lookup(hashes[i]) is None]
-    p.commit_many(r, blocks[idx], [hashes[i] for i in idx])
+    rest = hashes[len(hb):]
+    idx = np.flatnonzero(p.lookup_many(rest) < 0)
+    p.commit_many(r, blocks[len(hb) + idx], [rest[i] for i in idx.tolist()])
     p.release_many(r, blocks[::-1])
     p.close_holder(r)
-    return len(hit)
+    return len(hb)
 
 
 def prefix_native(checked: bool, nreq: int, repeat: int,
@@ -281,17 +277,11 @@ def prefix_native(checked: bool, nreq: int, repeat: int,
     _native_request(p, 0, toks[0], hashes[0])  # warm: request 0 populates the prefix
 
     def hit_loop() -> None:
-        lookup, share_many, release_many = p.lookup, p.share_many, p.release_many
+        prefix_hits, share_many, release_many = p.prefix_hits, p.share_many, p.release_many
         for i in range(nreq):
             r = ("h", i)
             p.open_holder(r)
-            hit = []
-            for h in hashes[i][: (len(toks[i]) - 1) // B]:
-                b = lookup(h)
-                if b is None:
-                    break
-                hit.append(b)
-            hb = np.array(hit, np.int64)
+            hb = prefix_hits(hashes[i][: (len(toks[i]) - 1) // B])
             share_many(r, hb)
             release_many(r, hb[::-1])
             p.close_holder(r)

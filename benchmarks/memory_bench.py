@@ -6,6 +6,7 @@ process, for the same shapes on both sides:
 - per block: build a manager over N blocks (no request) and divide the growth by N; two pool
   sizes, so a fixed cost shows as a difference between them (after a warm-up run, so imports
   and first-call caches are not counted);
+- the pool layer alone (``BlockPool``, ``NativePool``): bytes per block of a fresh pool;
 - per request: admit R requests of T prompt tokens each (distinct prompts, caching on, so every
   full block is hashed), allocate their tables, divide the growth by R; at two prompt lengths,
   so the cost per table entry (per block of context) can be read off.
@@ -82,8 +83,27 @@ def per_request(make: Callable[..., Any], requests: int, tokens: int) -> float:
     return grown / requests
 
 
+def pool_per_block(num_blocks: int) -> dict[str, float | None]:
+    """The pool layer alone, bytes per block: ``BlockPool`` (lists) and ``NativePool``
+    (int64 arrays; None without numba), each built after a warm-up one."""
+    from pagedkv.allocator import BlockPool
+    from pagedkv.allocator.native_pool import NativePool, NativeUnavailable
+
+    out: dict[str, float | None] = {}
+    for name, cls in (("BlockPool", BlockPool), ("NativePool", NativePool)):
+        try:
+            cls(16, BLOCK_SIZE)
+        except NativeUnavailable:
+            out[name] = None
+            continue
+        grown, _ = _grown(lambda cls=cls: cls(num_blocks, BLOCK_SIZE))
+        out[name] = grown / num_blocks
+    return out
+
+
 def run(blocks: list[int], requests: int, tokens: list[int]) -> dict[str, Any]:
-    out: dict[str, Any] = {"block_size": BLOCK_SIZE, "requests": requests, "rows": []}
+    out: dict[str, Any] = {"block_size": BLOCK_SIZE, "requests": requests, "rows": [],
+                           "pool_layer_bytes_per_block": {n: pool_per_block(n) for n in blocks}}
     for name, make in _factories().items():
         per_request(make, 2, 64)  # warm-up: imports and first-call caches are not per block
         row: dict[str, Any] = {"allocator": name}
@@ -113,6 +133,9 @@ def table(res: dict[str, Any]) -> str:
         if len(rows) == 2 and vals[0]:
             line += f"  {vals[1] / vals[0]:15.2f}"
         lines.append(line)
+    for n, pools in res.get("pool_layer_bytes_per_block", {}).items():
+        lines.append(f"pool layer alone, bytes per block @{n}: " + ", ".join(
+            f"{name} {'-' if v is None else f'{v:.1f}'}" for name, v in pools.items()))
     return "\n".join(lines)
 
 

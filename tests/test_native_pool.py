@@ -142,6 +142,13 @@ def _random_workload(seed: int, checked: bool, steps: int = 300) -> _Pair:
                 pair.do("end_write_many",
                         lambda: ref.run_many("end_write", [(b,) for b in blocks]),
                         lambda: nat.end_write_many(blocks))
+        elif op < 0.77:
+            mine = [b for b in held if ref.state[b] == PUBLISHED and ref.ref[b] == 1
+                    and ref.wpend[b] == 0]
+            if mine:
+                b = rng.choice(mine)
+                k = rng.randrange(0, ref.filled[b] + 1) if rng.random() < 0.9 else pair.B + 1
+                pair.do("rewind", lambda: ref.rewind(b, r, k), lambda: nat.rewind(b, r, k))
         elif op < 0.84:
             full = [b for b in held if ref.state[b] == PUBLISHED and ref.filled[b] == pair.B
                     and (ref.wpend[b] == 0 or rng.random() < 0.2)]
@@ -185,7 +192,7 @@ def test_the_workloads_reach_what_they_compare():
     ok = {name for name, out in seen if not isinstance(out, type)}
     assert ok >= {"open_holder", "take_many", "release_many", "share_many", "publish_many",
                   "begin_write_many", "end_write_many", "commit_many", "launch", "complete",
-                  "advance_watermark", "close_holder"}
+                  "advance_watermark", "close_holder", "rewind"}
     assert ("release_many", DoubleFree) in seen
     assert any(name == "evicted" for name, _ in seen)
     assert any(name == "advance_watermark" and out for name, out in seen)
@@ -208,6 +215,24 @@ def test_take_many_evicts_cached_blocks_in_lru_order_and_frees_their_hashes():
     assert nat.lookup(14) is None and nat.lookup(13) is None and nat.lookup(12) == blocks[1]
     assert 14 not in nat._hslot and 13 not in nat._hslot  # evicted digests' slots freed
     assert nat.structure_errors() == [] and violations(nat.abstract()) == []
+
+
+def test_lookups_read_the_hash_map():
+    nat = NativePool(4, 2, checked=True)
+    nat.open_holder("a")
+    blocks = nat.take_many("a", 3)
+    nat.publish_many("a", blocks)
+    nat.begin_write_many("a", blocks, [2, 2, 2])
+    nat.end_write_many(blocks)
+    nat.commit_many("a", blocks[[0, 2]], [11, 13])
+    assert nat.lookup_many([11, 12, 13, 99]).tolist() == [blocks[0], -1, blocks[2], -1]
+    assert nat.prefix_hits([11, 13]).tolist() == [blocks[0], blocks[2]]
+    assert nat.prefix_hits([11, 12, 13]).tolist() == [blocks[0]]
+    assert nat.prefix_hits([]).tolist() == []
+    assert [nat.lookup(h) for h in (11, 12, 13)] == [blocks[0], None, blocks[2]]
+    with pytest.raises(GuardViolation, match="commit refused"):
+        nat.commit_many("a", blocks[1:2], [11])  # 11 is cached already
+    assert 11 in nat._hslot and nat.lookup(11) == blocks[0]
 
 
 def test_the_slot_tables_grow_past_their_first_size():
