@@ -8,7 +8,11 @@ Python processes (best of ``--repeat``):
 
 - ``import pagedkv.allocator`` and ``import pagedkv.engine``;
 - one serving step (add a request, allocate, publish, complete, commit, append, free) on a
-  new allocator: the first in the process, then the same step on a second allocator.
+  new allocator: the first in the process, then the same step on a second allocator;
+- the native pool (``NativePool``, checked; with numba): its import, a pool and a step of
+  batched calls in a process whose cache folder is cold (numba compiles the module generated
+  from the spec, and the module is self-checked), then warm (numba's cache; the self-check
+  runs again, once per process), and a second pool in the same process.
 
     python benchmarks/startup_bench.py [--repeat 5] [--json out.json]
 """
@@ -52,10 +56,58 @@ print(first, step({checked}))
 """
 
 
-def _run(src: str) -> list[float]:
+NATIVE_STEP = """
+import time
+t = time.perf_counter()
+from pagedkv.allocator.native_pool import NativePool
+imported = time.perf_counter() - t
+
+def step():
+    t = time.perf_counter()
+    p = NativePool(64, 16)
+    p.open_holder("r")
+    b = p.take_many("r", 3)
+    p.publish_many("r", b)
+    p.begin_write_many("r", b, 16)
+    p.end_write_many(b)
+    p.commit_many("r", b, [11, 12, 13])
+    p.open_holder("s")
+    p.share_many("s", p.prefix_hits([11, 12, 13]))
+    p.release_many("s", b[::-1])
+    p.release_many("r", b[::-1])
+    p.close_holder("s")
+    p.close_holder("r")
+    return time.perf_counter() - t
+
+print(imported, step(), step())
+"""
+
+
+def _run(src: str, **env: str) -> list[float]:
+    import os
+
     out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
-                         check=True).stdout.split()
+                         check=True, env={**os.environ, **env}).stdout.split()
     return [float(x) for x in out]
+
+
+def run_native(repeat: int) -> dict[str, float]:
+    """The native pool (checked): its import, the first pool and step of a process with a
+    cold cache folder (numba compiles the generated module), with a warm one (numba's cache),
+    and a second pool in the same process."""
+    import tempfile
+
+    rows: dict[str, float] = {}
+    cold, warm = [], []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as cache:
+            cold.append(_run(NATIVE_STEP, PAGEDKV_NATIVE_CACHE=cache))
+            warm.append(_run(NATIVE_STEP, PAGEDKV_NATIVE_CACHE=cache))
+    rows["import pagedkv.allocator.native_pool (ms)"] = min(r[0] for r in warm) * 1e3
+    rows["first native pool + step, cold cache (ms)"] = min(r[1] for r in cold) * 1e3
+    rows["first native pool + step, warm cache (ms)"] = min(r[1] for r in warm) * 1e3
+    rows["next native pool + step (ms)"] = min(r[2] for r in warm) * 1e3
+    return rows
 
 
 def run(repeat: int) -> dict[str, Any]:
@@ -68,6 +120,12 @@ def run(repeat: int) -> dict[str, Any]:
         mode = "checked" if checked else "unchecked"
         rows[f"first step, {mode} (ms)"] = min(r[0] for r in runs) * 1e3
         rows[f"next step, {mode} (ms)"] = min(r[1] for r in runs) * 1e3
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        rows.update(run_native(max(1, repeat // 2)))
     return {"repeat": repeat, "python": sys.version.split()[0], "rows": rows}
 
 
