@@ -155,7 +155,7 @@ def _recycle_if_safe(B, M, H, K, X, b):
 
 
 # ---- the loops ------------------------------------------------------------------------------
-TAKE_OK, TAKE_EXHAUSTED, TAKE_EVICT_REFUSED, TAKE_ALLOCATE_REFUSED = 0, 1, 2, 3
+TAKE_OK, TAKE_EXHAUSTED, TAKE_EVICT_REFUSED, TAKE_ALLOCATE_REFUSED, TAKE_SCRATCH_FULL = range(5)
 
 
 @njit(cache=True)
@@ -163,9 +163,12 @@ def take_many(B, M, H, K, X, r, n, out, S):
     """Allocate the queue's head for holder r, n times, evicting CACHED heads on the way (LRU
     order; an idle evicted block is recycled to the head and taken next): ``BlockPool.take``
     n times. Returns (blocks taken: into ``out``, hash slots evicted: row 1 of ``S``, blocks
-    touched: row 2, the refused block or -1, a ``TAKE_*`` status)."""
+    touched: row 2, the refused block or -1, a ``TAKE_*`` status). Stops with
+    ``TAKE_SCRATCH_FULL`` before a step that would write past ``S``'s rows (the caller grows
+    them and takes the rest)."""
     evicted = S[1]
     touched = S[2]
+    room = S.shape[1]
     s = B.shape[1] - 1
     taken = 0
     nev = 0
@@ -174,6 +177,8 @@ def take_many(B, M, H, K, X, r, n, out, S):
         b = B[ROW_NEXT, s]
         if b == s:
             return taken, nev, nt, -1, TAKE_EXHAUSTED
+        if nt == room:
+            return taken, nev, nt, -1, TAKE_SCRATCH_FULL
         if B[ROW_STATE, b] == CACHED:
             if not g_evict(B, M, H, K, X, b):
                 return taken, nev, nt, b, TAKE_EVICT_REFUSED
@@ -199,10 +204,11 @@ def take_many(B, M, H, K, X, r, n, out, S):
 
 
 @njit(cache=True)
-def release_many(B, M, H, K, X, r, blocks, n, retired):
+def release_many(B, M, H, K, X, r, blocks, n, S):
     """``BlockPool.release(b, r)`` for each of ``blocks[:n]`` in turn, stopping at the first
     whose guard fails. Returns (how many were released, how many of them were retired above
-    the watermark: into ``retired``, for the pool's retire queue at the current clock)."""
+    the watermark: into row 0 of ``S``, for the pool's retire queue at the current clock)."""
+    retired = S[0]
     nret = 0
     for i in range(n):
         b = blocks[i]

@@ -419,25 +419,28 @@ class NativePool:
             self._room_for_keys(n)
         else:
             self._keys_bound += n
-        # touched: the blocks taken and those evicted on the way (at most every CACHED one)
-        S = self._scratch
-        if S.shape[1] < n + self.M[COUNT0 + CACHED]:
-            S = self._scratch_for(n + int(self.M[COUNT0 + CACHED]))
         out = np.empty(n, np.int64)
-        taken, nev, nt, refused, status = self._take_many(
-            self.B, self.M, self.H, self.K, self.X, slot, n, out, S)
-        if nev:
-            for slot_h in S[1, :nev].tolist():
-                self._release_hash(slot_h)
-        if self.checked:
-            self._check_touched("take_many", S[2], nt)
+        S, done, take = self._scratch, 0, self._take_many
+        while True:  # once, unless the scratch rows fill (evictions): grown, then the rest
+            taken, nev, nt, refused, status = take(
+                self.B, self.M, self.H, self.K, self.X, slot, n - done,
+                out[done:] if done else out, S)
+            done += taken
+            if nev:
+                for slot_h in S[1, :nev].tolist():
+                    self._release_hash(slot_h)
+            if self.checked:
+                self._check_touched("take_many", S[2], nt)
+            if status != self.mod.TAKE_SCRATCH_FULL:
+                break
+            S = self._scratch_for(2 * S.shape[1])
         if status:
             if status == self.mod.TAKE_EXHAUSTED:
                 raise AssertionError("take_many() on an exhausted pool")
             self._refuse("evict" if status == self.mod.TAKE_EVICT_REFUSED else "allocate",
                          b=refused, **({} if status == self.mod.TAKE_EVICT_REFUSED else
                                        {"r": r}))
-        return out[:taken]
+        return out if done == n else out[:done]
 
     def release_many(self, r: Hashable, blocks: object) -> None:
         """``BlockPool.release(b, r)`` for each block in order: at ref 0 a REFERENCED block is
@@ -452,7 +455,7 @@ class NativePool:
         n = len(bs)
         S = self._scratch if self._scratch.shape[1] >= n else self._scratch_for(n)
         done, nret = self._release_many(self.B, self.M, self.H, self.K, self.X, slot, bs,
-                                        n, S[0])
+                                        n, S)
         if nret:
             stamp = int(self.M[CLOCK0 + ISSUED])
             self.retire_queue.extend(zip(itertools.repeat(stamp), S[0, :nret].tolist()))

@@ -133,6 +133,24 @@ def merge_campaign(shards: list[dict], target_steps: int) -> dict:
             "live_instances": live, "rules": _rule_table(dict(counts))}
 
 
+def run_native_part(quick: bool) -> dict:
+    """The native pool: its generated module compiled and self-checked against the
+    interpreted spec, then the differential campaign against BlockPool. Skipped (ok) where
+    numba is not installed: nothing of the native pool can run there."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return {"ok": True, "skipped": "numba is not installed (pip install pagedkv[native])"}
+    from pagedkv.allocator.native_pool import NativeUnavailable, native_module
+    from pagedkv.proofs.native_refinement import run_native_campaign
+
+    try:
+        native_module()
+    except NativeUnavailable as exc:
+        return {"ok": False, "error": str(exc)}
+    return run_native_campaign(range(4 if quick else 16))
+
+
 def run_host_campaign_part(target_steps: int) -> dict:
     from pagedkv.proofs.host_refinement import run_host_campaign
 
@@ -353,6 +371,13 @@ def render_summary(parts: dict[str, dict]) -> str:
     if hc.get("rules"):
         lines.append(f"host tier campaign: {hc['steps']:,} steps, seeds {hc['seeds']}; "
                      + ", ".join(f"{k} {v:,}" for k, v in hc["rules"].items()))
+    nat = parts.get("native_pool", {})
+    if nat.get("skipped"):
+        lines.append(f"native pool: skipped, {nat['skipped']}")
+    elif nat.get("ops"):
+        lines.append(f"native pool: generated module self-checked against the spec; "
+                     f"differential campaign against BlockPool: {nat['ops']:,} operations on "
+                     f"seeds {nat['seeds'][0]}-{nat['seeds'][1] - 1}, the same moves")
     w = parts.get("workload", {})
     if "steps" in w:
         lines.append(
@@ -395,6 +420,7 @@ def code_check_jobs(quick: bool, campaign_steps: int) -> dict[str, Callable[[], 
         "host_campaign": partial(run_host_campaign_part,
                                  QUICK_HOST_STEPS if quick else HOST_STEPS),
         "workload": partial(run_workload_part, quick),
+        "native_pool": partial(run_native_part, quick),
         "soak": partial(run_soak_part, quick),
     }
     return jobs

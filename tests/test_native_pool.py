@@ -1,15 +1,14 @@
 """NativePool: the spec's transitions compiled to native loops, side by side with BlockPool.
 
 BlockPool is held to the spec by the refinement campaign; here the native pool is held to
-BlockPool, op by op, on seeded random workloads (same results, same errors, same state, same
-queue order, same retire queue), and its generated code to the interpreted spec
-(``self_check``)."""
-# ruff: noqa: B023 - each operation's lambdas are called at once by _Pair.do, inside the loop
+BlockPool, op by op, on seeded random workloads (``proofs.native_refinement``: same results,
+same errors, same state, same queue order, same retire queue), and its generated code to the
+interpreted spec (``self_check``)."""
+# ruff: noqa: B023 - each operation's lambdas are called at once by Pair.do
 
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ import pytest
 pytest.importorskip("numba")
 
 from pagedkv.allocator import (  # noqa: E402
-    BlockPool,
     DoubleFree,
     GuardViolation,
     InvalidArgument,
@@ -27,159 +25,37 @@ from pagedkv.allocator import (  # noqa: E402
 )
 from pagedkv.allocator import native_pool as native  # noqa: E402
 from pagedkv.allocator.native_pool import NativePool, NativeUnavailable  # noqa: E402
-from pagedkv.spec import (  # noqa: E402
-    ALLOCATED,
-    CACHED,
-    PUBLISHED,
-    REFERENCED,
-    TRANSITIONS,
-    violations,
+from pagedkv.proofs.native_refinement import (  # noqa: E402
+    Pair,
+    random_workload,
+    run_native_campaign,
+    snapshot,
 )
-
-STATE_FIELDS = ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "queued",
-                "count", "clock", "hmap", "held", "inflight")
-
-
-def _snapshot(pool) -> dict:
-    storage = pool.storage() if isinstance(pool, NativePool) else pool
-    out = {f: getattr(storage, f) for f in STATE_FIELDS}
-    out = {f: (dict(v) if isinstance(v, dict) else set(v) if isinstance(v, set) else list(v))
-           for f, v in out.items()}
-    out["held"] = {r: set(bs) for r, bs in storage.held.items()}
-    out["queue"] = (pool.queue_order() if isinstance(pool, NativePool)
-                    else pool.queue.order())
-    out["retire_queue"] = list(pool.retire_queue)
-    out["cached_busy"] = pool.cached_busy
-    return out
-
-
-def _outcome(fn):
-    try:
-        result = fn()
-    except Exception as exc:  # noqa: BLE001 - compared by type
-        return type(exc)
-    if result is None or isinstance(result, int):
-        return result
-    return [int(b) for b in result]
-
-
-class _Pair:
-    """The same operation on a BlockPool and a NativePool."""
-
-    def __init__(self, n: int, block_size: int, checked: bool, spec=None) -> None:
-        self.ref = BlockPool(n, block_size, checked=checked, spec=spec)
-        self.nat = NativePool(n, block_size, checked=checked, spec=spec)
-        self.B = block_size
-        self.seen: list[tuple[str, object]] = []  # (op, its outcome: None, blocks or error)
-
-    def do(self, name: str, ref_call, nat_call) -> object:
-        want, got = _outcome(ref_call), _outcome(nat_call)
-        assert got == want, f"{name}: native {got}, BlockPool {want}"
-        assert _snapshot(self.nat) == _snapshot(self.ref), f"state differs after {name}"
-        self.seen.append((name, want))
-        return want
-
-
-def _random_workload(seed: int, checked: bool, steps: int = 300) -> _Pair:
-    rng = random.Random(seed)
-    pair = _Pair(rng.choice((6, 12, 24)), 4, checked)
-    ref, nat = pair.ref, pair.nat
-    holders: list[str] = []
-    serial = 0
-    inflight: list[int] = []
-    for _ in range(steps):
-        op = rng.random()
-        if op < 0.06 or not holders:
-            r = f"r{serial}"
-            serial += 1
-            holders.append(r)
-            pair.do("open_holder", lambda r=r: ref.open_holder(r),
-                    lambda r=r: nat.open_holder(r))
-            continue
-        r = rng.choice(holders)
-        held = sorted(ref.held.get(r, ()))
-        if op < 0.26:
-            n = rng.randrange(0, 4)
-            if ref.usable() >= n:
-                cached = len(ref.hmap)
-                pair.do("take_many", lambda: ref.take_many(r, n), lambda: nat.take_many(r, n))
-                if len(ref.hmap) < cached:
-                    pair.seen.append(("evicted", cached - len(ref.hmap)))
-        elif op < 0.38 and held:
-            blocks = rng.sample(held, rng.randrange(1, len(held) + 1))
-            if rng.random() < 0.1:  # a block r does not hold: DoubleFree after the others
-                blocks.append(rng.randrange(ref.num_blocks))
-            pair.do("release_many",
-                    lambda: ref.run_many("release", [(b, r) for b in blocks]),
-                    lambda: nat.release_many(r, blocks))
-        elif op < 0.44:
-            shareable = (REFERENCED, CACHED, PUBLISHED) if rng.random() < 0.2 else (REFERENCED,
-                                                                                    CACHED)
-            cands = [b for b in range(ref.num_blocks)
-                     if ref.state[b] in shareable and b not in held]
-            if cands:
-                blocks = rng.sample(cands, rng.randrange(1, len(cands) + 1))
-                pair.do("share_many", lambda: ref.run_many("share", [(b, r) for b in blocks]),
-                        lambda: nat.share_many(r, blocks))
-        elif op < 0.54:
-            mine = [b for b in held if ref.state[b] == ALLOCATED]
-            if mine:
-                pair.do("publish_many", lambda: ref.run_many("publish", [(b, r) for b in mine]),
-                        lambda: nat.publish_many(r, mine))
-        elif op < 0.66:
-            mine = [b for b in held if ref.state[b] == PUBLISHED and ref.ref[b] == 1
-                    and ref.filled[b] < pair.B]
-            if mine:
-                w = [rng.randrange(1, pair.B - ref.filled[b] + 1) for b in mine]
-                pair.do("begin_write_many",
-                        lambda: ref.run_many("begin_write", [(b, r, k) for b, k in
-                                                             zip(mine, w, strict=True)]),
-                        lambda: nat.begin_write_many(r, mine, w))
-        elif op < 0.74:
-            pending = [b for b in range(ref.num_blocks) if ref.wpend[b] > 0]
-            if pending:
-                blocks = rng.sample(pending, rng.randrange(1, len(pending) + 1))
-                pair.do("end_write_many",
-                        lambda: ref.run_many("end_write", [(b,) for b in blocks]),
-                        lambda: nat.end_write_many(blocks))
-        elif op < 0.77:
-            mine = [b for b in held if ref.state[b] == PUBLISHED and ref.ref[b] == 1
-                    and ref.wpend[b] == 0]
-            if mine:
-                b = rng.choice(mine)
-                k = rng.randrange(0, ref.filled[b] + 1) if rng.random() < 0.9 else pair.B + 1
-                pair.do("rewind", lambda: ref.rewind(b, r, k), lambda: nat.rewind(b, r, k))
-        elif op < 0.84:
-            full = [b for b in held if ref.state[b] == PUBLISHED and ref.filled[b] == pair.B
-                    and (ref.wpend[b] == 0 or rng.random() < 0.2)]
-            if full:
-                hashes = [rng.randrange(1, 6) if rng.random() < 0.5 else 2**255 + serial + i
-                          for i, _ in enumerate(full)]
-                serial += len(full)
-                pair.do("commit_many",
-                        lambda: ref.run_many("commit", [(b, r, h) for b, h in
-                                                        zip(full, hashes, strict=True)]),
-                        lambda: nat.commit_many(r, full, hashes))
-        elif op < 0.9:
-            L = ref.clock[0]
-            pair.do("launch", lambda: ref.launch(L), lambda: None if nat.launch() == L else L)
-            inflight.append(L)
-        elif op < 0.96 and inflight:
-            L = inflight.pop(rng.randrange(len(inflight)))
-            pair.do("complete", lambda: ref.complete(L), lambda: nat.complete(L))
-            pair.do("advance_watermark", ref.advance_watermark, nat.advance_watermark)
-        elif not held:
-            holders.remove(r)
-            pair.do("close_holder", lambda: ref.close_holder(r), lambda: nat.close_holder(r))
-    assert nat.structure_errors() == []
-    assert violations(nat.abstract()) == []
-    return pair
+from pagedkv.spec import TRANSITIONS, violations  # noqa: E402
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_the_native_pool_makes_blockpools_moves_op_by_op(seed):
-    pair = _random_workload(seed, checked=seed % 2 == 0)
+    pair = random_workload(seed, checked=seed % 2 == 0)
     assert len(pair.seen) > 100
+
+
+def test_the_campaign_reports_a_difference():
+    """A native pool that answers differently (the blocks it took, in reverse order) fails
+    the campaign, naming the seed and the operation."""
+    ok = run_native_campaign(range(2), steps=60)
+    assert ok["ok"] and ok["ops"] > 60
+    real = NativePool.take_many
+
+    def wrong(self, r, n):
+        return real(self, r, n)[::-1]
+
+    try:
+        NativePool.take_many = wrong
+        bad = run_native_campaign(range(2), steps=60)
+    finally:
+        NativePool.take_many = real
+    assert not bad["ok"] and "seed 0" in bad["error"] and "take_many" in bad["error"]
 
 
 def test_the_workloads_reach_what_they_compare():
@@ -188,7 +64,7 @@ def test_the_workloads_reach_what_they_compare():
     above proves less than it says."""
     seen: list[tuple[str, object]] = []
     for seed in range(12):
-        seen += _random_workload(seed, checked=False).seen
+        seen += random_workload(seed, checked=False).seen
     ok = {name for name, out in seen if not isinstance(out, type)}
     assert ok >= {"open_holder", "take_many", "release_many", "share_many", "publish_many",
                   "begin_write_many", "end_write_many", "commit_many", "launch", "complete",
@@ -238,7 +114,7 @@ def test_lookups_read_the_hash_map():
 def test_the_slot_tables_grow_past_their_first_size():
     """More holders than H's first 64 columns, more digests than X's 64 slots, more keys than
     the holds set's first 1024 cells: the same moves as BlockPool's."""
-    pair = _Pair(900, 1, checked=False)
+    pair = Pair(900, 1, checked=False)
     ref, nat = pair.ref, pair.nat
     ref.open_holder("owner")
     nat.open_holder("owner")
@@ -262,7 +138,7 @@ def test_the_slot_tables_grow_past_their_first_size():
         ref.run_many("share", [(b, r) for b in part])
         nat.share_many(r, part)
     assert len(nat.X) > 64 and nat.H.shape[1] > 64 and len(nat.K) > 1024
-    assert _snapshot(nat) == _snapshot(ref)
+    assert snapshot(nat) == snapshot(ref)
     assert nat.structure_errors() == []
 
 
@@ -342,10 +218,10 @@ def pool():
     (lambda p: p.complete(0), GuardViolation),
 ])
 def test_bad_input_and_refusals_are_typed_and_change_nothing(pool, call, error):
-    before = _snapshot(pool)
+    before = snapshot(pool)
     with pytest.raises(error):
         call(pool)
-    assert _snapshot(pool) == before
+    assert snapshot(pool) == before
 
 
 def test_a_refusal_names_the_failed_condition_in_words(pool):
@@ -390,3 +266,21 @@ def test_checked_mode_rechecks_the_touched_blocks_invariants():
                 nat.publish_many("a", blocks)
         else:
             nat.publish_many("a", blocks)
+
+
+def test_verify_runs_the_native_check_and_reports_it(monkeypatch, tmp_path):
+    from pagedkv.proofs import cli as verify_cli
+
+    part = verify_cli.run_native_part(quick=True)
+    assert part["ok"] and part["ops"] > 500 and part["seeds"] == [0, 4]
+    assert "differential campaign against BlockPool" in verify_cli.render_summary(
+        {"native_pool": part})
+    assert "native_pool" in verify_cli.code_check_jobs(quick=True, campaign_steps=10)
+    real = native_source.module_source  # a generated module that disagrees: the part fails
+    monkeypatch.setattr(native_source, "module_source",
+                        lambda spec, invs: real(spec, invs).replace("(B[4, b] + w)",
+                                                                     "(B[4, b] + w + 1)"))
+    monkeypatch.setattr(native, "_BY_SPEC", {})
+    monkeypatch.setenv("PAGEDKV_NATIVE_CACHE", str(tmp_path))
+    failed = verify_cli.run_native_part(quick=True)
+    assert not failed["ok"] and "disagrees with the spec" in failed["error"]

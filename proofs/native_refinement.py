@@ -1,0 +1,181 @@
+"""The native pool held to BlockPool, op by op: the differential campaign.
+
+``BlockPool`` is held to the spec by the refinement campaign (``proofs.refinement``); the
+native pool (``allocator/native_pool.py``, the spec's transitions compiled to numba loops) is
+held here to ``BlockPool`` on seeded random workloads: every operation of the pool layer (holders,
+``take_many`` with its evictions, releases, shares, publishes, writes and their completions,
+commits, rewinds, launches, completions and the watermark) is made on both, and they must
+return the same blocks, raise the same error types, and end in the same state, queue order and
+retire queue; at the end the native pool's structure and the spec's invariants are scanned.
+Its generated code is held to the interpreted spec separately (``native_pool.self_check``,
+at start-up). ``pagedkv verify`` runs ``run_native_campaign``; the tests run the same
+workloads.
+"""
+# ruff: noqa: B023 - each operation's lambdas are called at once by _Pair.do, inside the loop
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from typing import Any
+
+from pagedkv.allocator import BlockPool
+from pagedkv.allocator.native_pool import NativePool
+from pagedkv.spec import ALLOCATED, CACHED, PUBLISHED, REFERENCED, violations
+
+STATE_FIELDS = ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "queued",
+                "count", "clock", "hmap", "held", "inflight")
+
+
+def snapshot(pool: Any) -> dict:
+    storage = pool.storage() if isinstance(pool, NativePool) else pool
+    out = {f: getattr(storage, f) for f in STATE_FIELDS}
+    out = {f: (dict(v) if isinstance(v, dict) else set(v) if isinstance(v, set) else list(v))
+           for f, v in out.items()}
+    out["held"] = {r: set(bs) for r, bs in storage.held.items()}
+    out["queue"] = (pool.queue_order() if isinstance(pool, NativePool)
+                    else pool.queue.order())
+    out["retire_queue"] = list(pool.retire_queue)
+    out["cached_busy"] = pool.cached_busy
+    return out
+
+
+def _outcome(fn: Any) -> Any:
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - compared by type
+        return type(exc)
+    if result is None or isinstance(result, int):
+        return result
+    return [int(b) for b in result]
+
+
+class Pair:
+    """The same operation on a BlockPool and a NativePool."""
+
+    def __init__(self, n: int, block_size: int, checked: bool, spec: Any = None) -> None:
+        self.ref = BlockPool(n, block_size, checked=checked, spec=spec)
+        self.nat = NativePool(n, block_size, checked=checked, spec=spec)
+        self.B = block_size
+        self.seen: list[tuple[str, object]] = []  # (op, its outcome: None, blocks or error)
+
+    def do(self, name: str, ref_call: Any, nat_call: Any) -> Any:
+        want, got = _outcome(ref_call), _outcome(nat_call)
+        assert got == want, f"{name}: native {got}, BlockPool {want}"
+        assert snapshot(self.nat) == snapshot(self.ref), f"state differs after {name}"
+        self.seen.append((name, want))
+        return want
+
+
+def random_workload(seed: int, checked: bool, steps: int = 300) -> Pair:
+    rng = random.Random(seed)
+    pair = Pair(rng.choice((6, 12, 24)), 4, checked)
+    ref, nat = pair.ref, pair.nat
+    holders: list[str] = []
+    serial = 0
+    inflight: list[int] = []
+    for _ in range(steps):
+        op = rng.random()
+        if op < 0.06 or not holders:
+            r = f"r{serial}"
+            serial += 1
+            holders.append(r)
+            pair.do("open_holder", lambda r=r: ref.open_holder(r),
+                    lambda r=r: nat.open_holder(r))
+            continue
+        r = rng.choice(holders)
+        held = sorted(ref.held.get(r, ()))
+        if op < 0.26:
+            n = rng.randrange(0, 4)
+            if ref.usable() >= n:
+                cached = len(ref.hmap)
+                pair.do("take_many", lambda: ref.take_many(r, n), lambda: nat.take_many(r, n))
+                if len(ref.hmap) < cached:
+                    pair.seen.append(("evicted", cached - len(ref.hmap)))
+        elif op < 0.38 and held:
+            blocks = rng.sample(held, rng.randrange(1, len(held) + 1))
+            if rng.random() < 0.1:  # a block r does not hold: DoubleFree after the others
+                blocks.append(rng.randrange(ref.num_blocks))
+            pair.do("release_many",
+                    lambda: ref.run_many("release", [(b, r) for b in blocks]),
+                    lambda: nat.release_many(r, blocks))
+        elif op < 0.44:
+            shareable = (REFERENCED, CACHED, PUBLISHED) if rng.random() < 0.2 else (REFERENCED,
+                                                                                    CACHED)
+            cands = [b for b in range(ref.num_blocks)
+                     if ref.state[b] in shareable and b not in held]
+            if cands:
+                blocks = rng.sample(cands, rng.randrange(1, len(cands) + 1))
+                pair.do("share_many", lambda: ref.run_many("share", [(b, r) for b in blocks]),
+                        lambda: nat.share_many(r, blocks))
+        elif op < 0.54:
+            mine = [b for b in held if ref.state[b] == ALLOCATED]
+            if mine:
+                pair.do("publish_many", lambda: ref.run_many("publish", [(b, r) for b in mine]),
+                        lambda: nat.publish_many(r, mine))
+        elif op < 0.66:
+            mine = [b for b in held if ref.state[b] == PUBLISHED and ref.ref[b] == 1
+                    and ref.filled[b] < pair.B]
+            if mine:
+                w = [rng.randrange(1, pair.B - ref.filled[b] + 1) for b in mine]
+                pair.do("begin_write_many",
+                        lambda: ref.run_many("begin_write", [(b, r, k) for b, k in
+                                                             zip(mine, w, strict=True)]),
+                        lambda: nat.begin_write_many(r, mine, w))
+        elif op < 0.74:
+            pending = [b for b in range(ref.num_blocks) if ref.wpend[b] > 0]
+            if pending:
+                blocks = rng.sample(pending, rng.randrange(1, len(pending) + 1))
+                pair.do("end_write_many",
+                        lambda: ref.run_many("end_write", [(b,) for b in blocks]),
+                        lambda: nat.end_write_many(blocks))
+        elif op < 0.77:
+            mine = [b for b in held if ref.state[b] == PUBLISHED and ref.ref[b] == 1
+                    and ref.wpend[b] == 0]
+            if mine:
+                b = rng.choice(mine)
+                k = rng.randrange(0, ref.filled[b] + 1) if rng.random() < 0.9 else pair.B + 1
+                pair.do("rewind", lambda: ref.rewind(b, r, k), lambda: nat.rewind(b, r, k))
+        elif op < 0.84:
+            full = [b for b in held if ref.state[b] == PUBLISHED and ref.filled[b] == pair.B
+                    and (ref.wpend[b] == 0 or rng.random() < 0.2)]
+            if full:
+                hashes = [rng.randrange(1, 6) if rng.random() < 0.5 else 2**255 + serial + i
+                          for i, _ in enumerate(full)]
+                serial += len(full)
+                pair.do("commit_many",
+                        lambda: ref.run_many("commit", [(b, r, h) for b, h in
+                                                        zip(full, hashes, strict=True)]),
+                        lambda: nat.commit_many(r, full, hashes))
+        elif op < 0.9:
+            L = ref.clock[0]
+            pair.do("launch", lambda: ref.launch(L), lambda: None if nat.launch() == L else L)
+            inflight.append(L)
+        elif op < 0.96 and inflight:
+            L = inflight.pop(rng.randrange(len(inflight)))
+            pair.do("complete", lambda: ref.complete(L), lambda: nat.complete(L))
+            pair.do("advance_watermark", ref.advance_watermark, nat.advance_watermark)
+        elif not held:
+            holders.remove(r)
+            pair.do("close_holder", lambda: ref.close_holder(r), lambda: nat.close_holder(r))
+    assert nat.structure_errors() == []
+    assert violations(nat.abstract()) == []
+    return pair
+
+
+def run_native_campaign(seeds: range = range(16), steps: int = 300) -> dict[str, Any]:
+    """``random_workload`` on each seed (checked and unchecked mode alternately); the first
+    difference fails it (its message says where). Counts the operations and their outcomes."""
+    t0 = time.perf_counter()
+    outcomes: Counter[str] = Counter()
+    try:
+        for seed in seeds:
+            for name, out in random_workload(seed, checked=seed % 2 == 0, steps=steps).seen:
+                outcomes[f"{name}: {out.__name__ if isinstance(out, type) else 'ok'}"] += 1
+    except AssertionError as exc:
+        return {"ok": False, "error": f"seed {seed}: {exc}",
+                "elapsed_s": round(time.perf_counter() - t0, 2)}
+    return {"ok": True, "seeds": [seeds.start, seeds.stop], "ops": sum(outcomes.values()),
+            "outcomes": dict(sorted(outcomes.items())),
+            "elapsed_s": round(time.perf_counter() - t0, 2)}
