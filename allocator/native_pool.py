@@ -757,13 +757,20 @@ def self_check(mod: ModuleType, spec: Mapping[str, Transition]) -> str | None:
         combos = list(itertools.product(*(_PROBE_VALUES[x] for x in t.params)))
         for pre in _effect_probe_pools(t):
             pool = _bare(mod, pre)
+            for r in _PROBE_VALUES["r"]:  # every probe holder and hash has its slot first
+                pool._slot.get(r) or pool._new_holder_slot(r)
+            for h in _PROBE_VALUES["h"]:
+                pool._hash_slot(h)
+            arrays = [a.copy() for a in (pool.B, pool.M, pool.H, pool.K, pool.X)]
             for combo in combos:
                 kw = dict(zip(t.params, combo, strict=True))
                 want = PoolStorage(pre.num_blocks, pre.block_size)
                 want.copy_from(pre)
-                pool.load(pre)
-                col = [pool._slot.get(v) or pool._new_holder_slot(v) if p == "r" else
-                       pool._hash_slot(v) if p == "h" else v for p, v in kw.items()]
+                for mine, saved in zip((pool.B, pool.M, pool.H, pool.K, pool.X), arrays,
+                                       strict=True):
+                    mine[...] = saved  # back to pre (the slots and sizes are unchanged)
+                col = [pool._slot[v] if p == "r" else pool._hslot.get(v, 0) if p == "h"
+                       else v for p, v in kw.items()]
                 P = np.array(col, np.int64).reshape(len(col), 1)
                 ran = run(pool.B, pool.M, pool.H, pool.K, pool.X, P, 1) == 1
                 in_pool = all(0 <= v < pre.num_blocks for p, v in kw.items() if p == "b")
