@@ -431,23 +431,26 @@ class NativePool:
                     self._release_hash(slot_h)
             if self.checked:
                 self._check_touched("take_many", S[2], nt)
+            if not status:
+                return out
             if status != self.mod.TAKE_SCRATCH_FULL:
                 break
             S = self._scratch_for(2 * S.shape[1])
-        if status:
-            if status == self.mod.TAKE_EXHAUSTED:
-                raise AssertionError("take_many() on an exhausted pool")
-            self._refuse("evict" if status == self.mod.TAKE_EVICT_REFUSED else "allocate",
-                         b=refused, **({} if status == self.mod.TAKE_EVICT_REFUSED else
-                                       {"r": r}))
-        return out if done == n else out[:done]
+        if status == self.mod.TAKE_EXHAUSTED:
+            raise AssertionError("take_many() on an exhausted pool")
+        evict = status == self.mod.TAKE_EVICT_REFUSED
+        self._refuse("evict" if evict else "allocate", b=refused, **({} if evict else {"r": r}))
+        return out[:done]  # pragma: no cover - _refuse raises
 
     def release_many(self, r: Hashable, blocks: object) -> None:
         """``BlockPool.release(b, r)`` for each block in order: at ref 0 a REFERENCED block is
         cached (the queue's tail), any other is reclaimed and recycled once no launch that
         may read it is in flight. A refused block raises its guard's error (``DoubleFree``);
         the blocks before it stay released."""
-        bs = self._ids(blocks)
+        if type(blocks) is np.ndarray and blocks.dtype is _INT64 and blocks.ndim == 1:
+            bs = blocks
+        else:
+            bs = self._ids(blocks)
         try:
             slot = self._slot.get(r, UNKNOWN_HOLDER)
         except TypeError:
