@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,3 +35,12 @@ def test_readme_commands_are_make_targets():
         assert f"make {target}" in text
         assert re.search(rf"^{target}:", makefile, re.M)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_native_pool_example_runs(capsys):
+    pytest.importorskip("numba")
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    native = next(b for b in blocks if "NativePool" in b)
+    exec(compile(native, "README.md (native pool)", "exec"), {})
+    assert capsys.readouterr().out.split() == ["True", "1022"]  # b holds two, the rest usable
