@@ -185,7 +185,9 @@ class _Holds:
 
 class NativePool:
     """Physical blocks, their lifecycle states, the eviction queue and the prefix-hash map, in
-    NumPy arrays; batches of spec transitions run as native loops."""
+    NumPy arrays; batches of spec transitions run as native loops. Not thread-safe, as
+    ``BlockPool`` (``BlockAllocator`` holds a lock around its pool): one thread, or a lock
+    around every call."""
 
     def __init__(self, num_blocks: int, block_size: int, *, checked: bool = True,
                  spec: Mapping[str, Transition] | None = None) -> None:
@@ -216,7 +218,6 @@ class NativePool:
         self.K = np.full(1024, ns.EMPTY_KEY, np.int64)
         self.X = np.full(64, NO_BLOCK, np.int64)
         self._slot: dict[Hashable, int] = {}
-        self._rid: list[Any] = [None] * self.H.shape[1]
         self._free_slots = list(range(self.H.shape[1] - 1, UNKNOWN_HOLDER, -1))
         self._hslot: dict[int, int] = {}
         self._digest: list[int] = [NO_HASH] * len(self.X)
@@ -250,11 +251,9 @@ class NativePool:
         if not self._free_slots:
             old = self.H.shape[1]
             self.H = np.concatenate([self.H, np.zeros_like(self.H)], axis=1)
-            self._rid += [None] * old
             self._free_slots = list(range(2 * old - 1, old - 1, -1))
         slot = self._free_slots.pop()
         self._slot[r] = slot
-        self._rid[slot] = r
         return slot
 
     def _hash_slot(self, h: object) -> int:
@@ -353,21 +352,22 @@ class NativePool:
         if not t.guard(CONCRETE, self.view, **params):
             self._refuse(name, **params)
         post = t.effect(CONCRETE, self.view, **params)
-        for field in ARRAY_FIELDS:
-            value = getattr(post, field)
-            if not isinstance(value, Overlay):
-                continue
-            for k, v in value.changes().items():
+        writes = {f: getattr(post, f).changes() for f in ARRAY_FIELDS
+                  if isinstance(getattr(post, f), Overlay)}
+        for field in writes:  # checked before anything is written
+            if field not in ("clock", "count", "inflight") and (field not in ROW
+                                                                or field == "hash"):
+                raise NativeUnavailable(f"{name} writes {field}: not a launch-clock field")
+        for field, changes in writes.items():
+            for k, v in changes.items():
                 if field == "clock":
                     self.M[CLOCK0 + k] = v
                 elif field == "count":
                     self.M[COUNT0 + k] = v
                 elif field == "inflight":
                     (self.inflight.add if v else self.inflight.discard)(k)
-                elif field in ROW and field != "hash":
-                    self.B[ROW[field], k] = v
                 else:
-                    raise NativeUnavailable(f"{name} writes {field}: not a launch-clock field")
+                    self.B[ROW[field], k] = v
         if self.checked:
             for inv in clock_invariants():
                 at = params.get("L", int(self.M[CLOCK0 + WATERMARK]))
@@ -399,7 +399,6 @@ class NativePool:
 
     def _forget_holder(self, r: Hashable) -> None:
         slot = self._slot.pop(r)
-        self._rid[slot] = None
         self.H[:, slot] = 0
         self._free_slots.append(slot)
 
