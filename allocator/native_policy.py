@@ -150,8 +150,6 @@ def _recycle_if_safe(B, M, H, K, X, b):
     if B[ROW_STATE, b] == RECLAIMED and g_recycle(B, M, H, K, X, b):
         e_recycle(B, M, H, K, X, b)
         q_push_head(B, M, b)
-        return True
-    return False
 
 
 # ---- the loops ------------------------------------------------------------------------------
@@ -262,10 +260,6 @@ def end_write_many(B, M, H, K, X, blocks, n):
 
 @njit(cache=True)
 def recycle_where(B, M, H, K, X, blocks, n):
-    """Recycle each of ``blocks[:n]`` that can be now (the watermark's drain); returns how
-    many were."""
-    done = 0
+    """Recycle each of ``blocks[:n]`` that can be now (the watermark's drain)."""
     for i in range(n):
-        if _recycle_if_safe(B, M, H, K, X, blocks[i]):
-            done += 1
-    return done
+        _recycle_if_safe(B, M, H, K, X, blocks[i])

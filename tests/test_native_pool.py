@@ -93,6 +93,86 @@ def test_take_many_evicts_cached_blocks_in_lru_order_and_frees_their_hashes():
     assert nat.structure_errors() == [] and violations(nat.abstract()) == []
 
 
+def _cached_under_a_launch(pair: Pair, n: int) -> tuple[list[int], int]:
+    """Holder "a" takes n blocks, writes and commits them; a launch is numbered; "a" lets
+    them go: n CACHED blocks retired above the watermark (busy), on both pools."""
+    ref, nat = pair.ref, pair.nat
+    pair.do("open", lambda: ref.open_holder("a"), lambda: nat.open_holder("a"))
+    blocks = pair.do("take", lambda: ref.take_many("a", n), lambda: nat.take_many("a", n))
+    pair.do("publish", lambda: ref.run_many("publish", [(b, "a") for b in blocks]),
+            lambda: nat.publish_many("a", blocks))
+    pair.do("write", lambda: ref.run_many("begin_write", [(b, "a", 2) for b in blocks]),
+            lambda: nat.begin_write_many("a", blocks, 2))
+    pair.do("end", lambda: ref.run_many("end_write", [(b,) for b in blocks]),
+            lambda: nat.end_write_many(blocks))
+    hashes = [100 + b for b in blocks]
+    pair.do("commit", lambda: ref.run_many("commit", [(b, "a", h) for b, h in
+                                                      zip(blocks, hashes, strict=True)]),
+            lambda: nat.commit_many("a", blocks, hashes))
+    L = ref.clock[0]
+    pair.do("launch", lambda: ref.launch(L), lambda: None if nat.launch() == L else L)
+    pair.do("release", lambda: ref.run_many("release", [(b, "a") for b in blocks]),
+            lambda: nat.release_many("a", blocks))
+    return blocks, L
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_busy_cached_blocks_revived_released_again_and_evicted_as_blockpool_does(checked):
+    """Cached blocks retired under a launch in flight: one revived by a share (the busy count
+    drops), released again at the same clock (one retire-queue entry, not two), then a take
+    that evicts the busy ones on its way (they wait, RECLAIMED) until the queue runs out; the
+    launch's completion recycles them."""
+    pair = Pair(6, 2, checked)
+    ref, nat = pair.ref, pair.nat
+    blocks, L = _cached_under_a_launch(pair, 4)
+    assert nat.cached_busy == 4
+    pair.do("open b", lambda: ref.open_holder("b"), lambda: nat.open_holder("b"))
+    pair.do("revive", lambda: ref.run_many("share", [(blocks[0], "b")]),
+            lambda: nat.share_many("b", [blocks[0]]))
+    assert nat.cached_busy == 3
+    pair.do("release again", lambda: ref.run_many("release", [(blocks[0], "b")]),
+            lambda: nat.release_many("b", [blocks[0]]))
+    assert len(nat.retire_queue) == 4 and nat.cached_busy == 4
+    pair.do("open c", lambda: ref.open_holder("c"), lambda: nat.open_holder("c"))
+    assert pair.do("take past the busy ones", lambda: ref.take_many("c", 3),
+                   lambda: nat.take_many("c", 3)) is AssertionError  # the queue ran out
+    assert nat.cached_busy == 0 and nat.waiting() == 4
+    pair.do("complete", lambda: ref.complete(L), lambda: nat.complete(L))
+    pair.do("advance", ref.advance_watermark, nat.advance_watermark)
+    assert nat.usable() == 4 and nat.structure_errors() == []
+
+
+def test_the_holder_set_is_rehashed_with_its_live_keys():
+    """Takes in batches past half the holder set's first 1,024 cells, keys alive: the rehash
+    carries them over (the holders' blocks read back from the set equal BlockPool's)."""
+    pair = Pair(1500, 1, checked=False)
+    ref, nat = pair.ref, pair.nat
+    pair.do("open", lambda: ref.open_holder("a"), lambda: nat.open_holder("a"))
+    for _ in range(15):
+        pair.do("take", lambda: ref.take_many("a", 100), lambda: nat.take_many("a", 100))
+    assert len(nat.K) > 1024 and len(nat.held_by("a")) == 1500
+
+
+def test_checked_mode_checks_every_block_a_take_touched():
+    """A take's touched blocks are checked, those it allocates and those it evicts on the way:
+    a corrupted one raises InvariantViolation in checked mode (unchecked, the take goes on)."""
+    for checked in (True, False):
+        nat = NativePool(4, 2, checked=checked)
+        nat.open_holder("a")
+        nat.B[native_source.ROW["wpend"], 0] = 1  # the head, FREE: allocated with a write
+        if checked:
+            with pytest.raises(InvariantViolation, match="no_write_when_free"):
+                nat.take_many("a", 1)
+        else:
+            assert nat.take_many("a", 1).tolist() == [0]
+        pair = Pair(2, 2, checked)
+        _cached_under_a_launch(pair, 1)  # block 0 CACHED and busy, the queue's head
+        pair.nat.B[native_source.ROW["ref"], 0] = 1  # a cached block with a reference
+        pair.nat.open_holder("c")
+        with pytest.raises(InvariantViolation if checked else AssertionError):
+            pair.nat.take_many("c", 2)  # takes 1, evicts 0 (it waits), then runs out
+
+
 def test_lookups_read_the_hash_map():
     nat = NativePool(4, 2, checked=True)
     nat.open_holder("a")
