@@ -75,17 +75,14 @@ def discard_key(K, M, r, b):
 
 @njit(cache=True)
 def rehash(K, new):
-    """Every key of K into the empty set ``new``; returns how many."""
+    """Every key of K into the empty set ``new``."""
     mask = new.shape[0] - 1
-    n = 0
     for k in K:
         if k >= 0:
             i = _probe(new, k)
             while new[i] != EMPTY_KEY:
                 i = (i + 1) & mask
             new[i] = k
-            n += 1
-    return n
 
 
 @njit(cache=True)

@@ -148,9 +148,38 @@ def test_the_holder_set_is_rehashed_with_its_live_keys():
     pair = Pair(1500, 1, checked=False)
     ref, nat = pair.ref, pair.nat
     pair.do("open", lambda: ref.open_holder("a"), lambda: nat.open_holder("a"))
+    blocks = []
     for _ in range(15):
-        pair.do("take", lambda: ref.take_many("a", 100), lambda: nat.take_many("a", 100))
+        blocks += pair.do("take", lambda: ref.take_many("a", 100),
+                          lambda: nat.take_many("a", 100))
     assert len(nat.K) > 1024 and len(nat.held_by("a")) == 1500
+    for i in range(0, 1500, 100):  # each release's guard looks its key up in the new set
+        part = blocks[i:i + 100]
+        pair.do("release", lambda: ref.run_many("release", [(b, "a") for b in part]),
+                lambda: nat.release_many("a", part))
+    assert not nat.held_by("a") and nat.usable() == 1500
+
+
+def test_an_idle_cached_block_revived_at_the_watermark_is_not_counted_busy():
+    """A cached block let go with no launch in flight (retired at the watermark, after one
+    launch completed) is revived by a share: it was not busy, so the busy count stays."""
+    pair = Pair(4, 2, checked=True)
+    ref, nat = pair.ref, pair.nat
+    pair.do("launch", lambda: ref.launch(0), lambda: None if nat.launch() == 0 else 0)
+    pair.do("complete", lambda: ref.complete(0), lambda: nat.complete(0))
+    pair.do("advance", ref.advance_watermark, nat.advance_watermark)
+    assert nat.M[native_source.CLOCK0 + 1] == 1  # the watermark
+    blocks, L = _cached_under_a_launch(pair, 1)
+    pair.do("complete", lambda: ref.complete(L), lambda: nat.complete(L))
+    pair.do("advance", ref.advance_watermark, nat.advance_watermark)
+    pair.do("open b", lambda: ref.open_holder("b"), lambda: nat.open_holder("b"))
+    pair.do("revive", lambda: ref.run_many("share", [(blocks[0], "b")]),
+            lambda: nat.share_many("b", blocks))
+    pair.do("release", lambda: ref.run_many("release", [(blocks[0], "b")]),
+            lambda: nat.release_many("b", blocks))
+    pair.do("revive at the watermark", lambda: ref.run_many("share", [(blocks[0], "b")]),
+            lambda: nat.share_many("b", blocks))
+    assert nat.cached_busy == 0 and nat.structure_errors() == []
 
 
 def test_checked_mode_checks_every_block_a_take_touched():
