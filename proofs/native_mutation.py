@@ -7,7 +7,8 @@ operators) becomes the policy text of a fresh generated module, in a child proce
 own cache folder, and ``tests/test_native_pool.py`` and ``tests/test_native_pool_stateful.py``
 run against it (all but the tests that build modules of their own). A mutant is killed when
 a test fails, a timeout when the run hangs (a probe loop that never ends), and survives
-otherwise.
+otherwise. numba checks every index in the children (``NUMBA_BOUNDSCHECK``), so reading past
+an array is an error there, not a read of whatever memory lies beyond it.
 
     python -m pagedkv.proofs.native_mutation [--jobs 2] [--ids 3,17] [--json out.json]
 """
@@ -44,7 +45,9 @@ _CHILD = ("import pathlib, sys, pytest\n"
 def run_one(m: Mutant, root: Path, work: Path) -> dict[str, Any]:
     policy = work / f"policy_{m.id}.py"
     policy.write_bytes(mutated_source(m, root))
-    env = dict(os.environ, PAGEDKV_NATIVE_CACHE=str(work / "cache"),
+    # Bounds-checked: a mutant that indexes past an array (a probe mask one too wide) raises
+    # IndexError instead of reading whatever memory lies there.
+    env = dict(os.environ, PAGEDKV_NATIVE_CACHE=str(work / "cache"), NUMBA_BOUNDSCHECK="1",
                NUMBA_ENABLE_CUDASIM="1", HYPOTHESIS_PROFILE="mutation")
     t0 = time.time()
     try:
