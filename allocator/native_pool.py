@@ -533,14 +533,17 @@ class NativePool:
         """Each full, written block becomes REFERENCED under its hash (a prefix hit from
         now on)."""
         bs = self._ids(blocks)
-        if isinstance(hashes, str | bytes | set | frozenset) or len(hashes) != len(bs):
+        if isinstance(hashes, str | bytes | set | frozenset | Mapping) or not isinstance(
+                hashes, Sequence) or len(hashes) != len(bs):
             raise InvalidArgument("commit_many needs one hash per block, in order")
-        hs = np.array([self._hash_slot(h) for h in hashes], np.int64)
+        slots: list[int] = []
         try:
-            self._run("commit", bs, r, hs)
+            for h in hashes:
+                slots.append(self._hash_slot(h))
+            self._run("commit", bs, r, np.array(slots, np.int64))
         finally:
-            for slot in hs.tolist():
-                self._release_hash(slot)  # a refused commit's digest is not kept
+            for slot in slots:
+                self._release_hash(slot)  # the digest of a refused (or unrun) commit goes
 
     def rewind(self, b: int, r: Hashable, k: int) -> None:
         self._run("rewind", self._ids([b]), r, check_count(k, "k (slots kept)", self.block_size))

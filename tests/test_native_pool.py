@@ -327,16 +327,18 @@ def pool():
     (lambda p: p.commit_many("a", [0], [0]), GuardViolation),
     (lambda p: p.commit_many("a", [0], []), InvalidArgument),
     (lambda p: p.commit_many("a", [0], [-5]), InvalidArgument),
+    (lambda p: p.commit_many("a", [0, 1], [77, -5]), InvalidArgument),
+    (lambda p: p.commit_many("a", [0], iter([77])), InvalidArgument),
     (lambda p: p.end_write_many([0]), GuardViolation),
     (lambda p: p.close_holder("a"), GuardViolation),
     (lambda p: p.open_holder("a"), GuardViolation),
     (lambda p: p.complete(0), GuardViolation),
 ])
 def test_bad_input_and_refusals_are_typed_and_change_nothing(pool, call, error):
-    before = snapshot(pool)
+    before, digests = snapshot(pool), dict(pool._hslot)
     with pytest.raises(error):
         call(pool)
-    assert snapshot(pool) == before
+    assert snapshot(pool) == before and pool._hslot == digests  # no digest left interned
 
 
 def test_a_refusal_names_the_failed_condition_in_words(pool):
