@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -45,17 +45,24 @@ from pagedkv.spec import (
     Overlay,
     PoolState,
     Transition,
-    takeable,
 )
 from pagedkv.spec.explain import refusal_detail
 from pagedkv.spec.model import ARRAY_FIELDS
 
 from . import native_source as ns
+from .allocator import _ordered
 from .compiled import _PROBE_BY_KIND, _effect_probe_pools, _probe_pools, _Unsupported
 from .errors import AllocatorError, GuardViolation, InvalidArgument, InvariantViolation
-from .pool import _GUARD_ERRORS, MAX_BLOCKS, MAX_HASH, clock_invariants, local_invariants
+from .pool import (
+    _GUARD_ERRORS,
+    MAX_BLOCKS,
+    MAX_HASH,
+    BlockPool,
+    clock_invariants,
+    local_invariants,
+)
 from .storage import PoolStorage, _Members
-from .table import MAX_COUNT, check_block_size, check_count
+from .table import MAX_COUNT, check_block_size, check_count, check_int
 
 ROW, CLOCK0, COUNT0 = ns.ROW, ns.CLOCK0, ns.COUNT0
 UNKNOWN_HOLDER = 0  # the slot of every id that is not an open holder: never alive
@@ -311,15 +318,9 @@ class NativePool:
                 raise InvalidArgument(f"{what} must be a 1-d integer array, got {blocks.dtype}"
                                       f" of shape {blocks.shape}")
             return blocks.astype(np.int64, copy=False)
-        if isinstance(blocks, str | bytes | set | frozenset | Mapping) or not isinstance(
-                blocks, Iterable):
-            raise InvalidArgument(f"{what} must be an ordered sequence, got "
-                                  f"{type(blocks).__name__}")
-        items = list(blocks)
+        items = _ordered(blocks, what)  # the allocator's own argument checks
         if any(type(b) is not int for b in items):
-            for b in items:
-                if isinstance(b, bool | np.bool_) or not isinstance(b, int | np.integer):
-                    raise InvalidArgument(f"{what}: {b!r} is not an integer")
+            items = [check_int(b, what) for b in items]
         try:
             return np.array(items, np.int64) if items else np.empty(0, np.int64)
         except OverflowError:
@@ -533,9 +534,10 @@ class NativePool:
         """Each full, written block becomes REFERENCED under its hash (a prefix hit from
         now on)."""
         bs = self._ids(blocks)
-        if isinstance(hashes, str | bytes | set | frozenset | Mapping) or not isinstance(
-                hashes, Sequence) or len(hashes) != len(bs):
-            raise InvalidArgument("commit_many needs one hash per block, in order")
+        hashes = _ordered(hashes, "hashes")
+        if len(hashes) != len(bs):
+            raise InvalidArgument(f"commit_many needs one hash per block: {len(hashes)} "
+                                  f"hashes for {len(bs)} blocks")
         slots: list[int] = []
         try:
             for h in hashes:
@@ -700,29 +702,21 @@ class NativePool:
 
     def structure_errors(self) -> list[tuple[str, str]]:
         """What the spec abstracts away, scanned: the holders' counts against the holds set,
-        the busy count, the spec's ``takeable`` count against ``usable()``, the retire
-        queue, the queue's links and flags."""
-        errors: list[tuple[str, str]] = []
+        then ``BlockPool.structure_errors`` on a mirror of this pool (its contents, queue
+        links, busy count and retire queue copied): the queue's links and flags, the busy
+        count, ``usable()`` against the spec's ``takeable``, the retire queue."""
         p = self.storage()
-        for r, slot in self._slot.items():
-            if self.H[1, slot] != len(p.held[r]):
-                errors.append(("holders_consistent", f"nheld of {r!r} is {self.H[1, slot]}, "
-                                                     f"holds {len(p.held[r])}"))
-        errors += [("queue_is_free_and_cached", e) for e in p.queue.structure_errors()]
-        state, retire = self.B[ROW["state"], :self.num_blocks], self.B[ROW["retire"],
-                                                                         :self.num_blocks]
-        watermark = self.M[CLOCK0 + WATERMARK]
-        busy = int(((state == CACHED) & (retire > watermark)).sum())
-        if busy != self.cached_busy:
-            errors.append(("conservation", f"cached_busy {self.cached_busy} != {busy}"))
-        n_takeable = self.mod.count_takeable(self.B, self.M, self.H, self.K, self.X)
-        if n_takeable != self.usable():
-            errors.append(("conservation", f"usable() {self.usable()} != {n_takeable}, the "
-                                           f"blocks the spec's {takeable.__name__} holds for"))
-        stamps = [stamp for stamp, _ in self.retire_queue]
-        if stamps != sorted(stamps) or (stamps and stamps[0] <= watermark):
-            errors.append(("reused_after_its_readers", f"retire queue stamps {stamps[:8]}"))
-        return errors
+        errors = [("holders_consistent", f"nheld of {r!r} is {self.H[1, slot]}, holds "
+                                         f"{len(p.held[r])}")
+                  for r, slot in self._slot.items()
+                  if self.H[0, slot] and self.H[1, slot] != len(p.held[r])]
+        mirror = BlockPool(self.num_blocks, self.block_size, checked=False, spec=self.spec)
+        mirror.copy_from(p)
+        mirror.queue._next[:], mirror.queue._prev[:] = p.queue._next, p.queue._prev
+        mirror.queue.length = p.queue.length
+        mirror.cached_busy = self.cached_busy
+        mirror.retire_queue.extend(self.retire_queue)
+        return errors + mirror.structure_errors()
 
 
 # ---- the self-check: generated code against the interpreted spec -------------------------------

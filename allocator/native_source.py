@@ -208,22 +208,6 @@ def invariants_source(invariants: list[Any]) -> str:
             f"    return -1\n")
 
 
-def takeable_source() -> str:
-    """``count_takeable()``: the blocks the spec's ``takeable`` holds for (what allocations
-    plan with; the pool's O(1) ``usable()`` is checked against it)."""
-    from pagedkv.spec import takeable
-
-    term = _native(takeable, ("b",))
-    if term is None:
-        raise _Unsupported("takeable")
-    return (f"@njit(cache=True)\ndef count_takeable({_sig()}):\n" + GEOMETRY +
-            f"    n = 0\n"
-            f"    for b in range(B.shape[1] - 1):\n"
-            f"        if {_truth(term)}:\n"
-            f"            n += 1\n"
-            f"    return n\n")
-
-
 def _constants() -> str:
     from pagedkv import spec
 
@@ -259,7 +243,6 @@ def module_source(spec: dict[str, Transition], invariants: list[Any]) -> str:
     parts = [_HEADER, _constants(), POLICY.read_text()]
     parts += [transition_source(spec[name]) for name in NATIVE]
     parts.append(invariants_source(invariants))
-    parts.append(takeable_source())
     return "\n\n".join(parts)
 
 

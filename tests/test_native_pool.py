@@ -203,6 +203,25 @@ def test_checked_mode_checks_every_block_a_take_touched():
             pair.nat.take_many("c", 2)  # takes 1, evicts 0 (it waits), then runs out
 
 
+def test_structure_errors_find_a_wrong_busy_count_queue_link_and_holder_count():
+    nat = NativePool(4, 2, checked=False)
+    nat.open_holder("a")
+    nat.take_many("a", 2)
+    assert nat.structure_errors() == []
+    for row, col, value, kind in ((None, native_source.CACHED_BUSY, 1, "conservation"),
+                                  ("next", 4, 1, "queue_is_free_and_cached"),
+                                  ("H", 1, 5, "holders_consistent")):
+        saved = (nat.M.copy(), nat.B.copy(), nat.H.copy())
+        if row is None:
+            nat.M[col] = value
+        elif row == "H":
+            nat.H[col, nat._slot["a"]] = value
+        else:
+            nat.B[native_source.ROW[row], col] = value  # the sentinel's head skips block 2
+        assert kind in {k for k, _ in nat.structure_errors()}
+        nat.M[:], nat.B[:], nat.H[:] = saved
+
+
 def test_lookups_read_the_hash_map():
     nat = NativePool(4, 2, checked=True)
     nat.open_holder("a")
@@ -328,7 +347,7 @@ def pool():
     (lambda p: p.commit_many("a", [0], []), InvalidArgument),
     (lambda p: p.commit_many("a", [0], [-5]), InvalidArgument),
     (lambda p: p.commit_many("a", [0, 1], [77, -5]), InvalidArgument),
-    (lambda p: p.commit_many("a", [0], iter([77])), InvalidArgument),
+    (lambda p: p.commit_many("a", [0], {77}), InvalidArgument),
     (lambda p: p.end_write_many([0]), GuardViolation),
     (lambda p: p.close_holder("a"), GuardViolation),
     (lambda p: p.open_holder("a"), GuardViolation),
