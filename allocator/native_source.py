@@ -5,7 +5,8 @@ A native pool (``native_pool.NativePool``) keeps the spec's fields in five NumPy
 - ``B``, int64 ``[len(ROWS), num_blocks + 1]``: one row per block field (``state`` ...
   ``queued``) and the eviction queue's links (``prev``, ``next``); column ``num_blocks`` is
   the queue's sentinel, never a block of the pool;
-- ``M``, int64: the per-state ``count``, the ``clock``, and the pool's own counters (``META``);
+- ``M``, int64: the per-state ``count`` (from ``COUNT0``), the ``clock`` (from ``CLOCK0``), then
+  the pool's own ``CACHED_BUSY``, ``QLEN`` and ``BLOCK_SIZE``;
 - ``H``, int64 ``[2, holders]``: per holder slot, ``alive`` and ``nheld``;
 - ``K``, int64: the ``holds`` relation, an open-addressing set of ``(holder << 32) | block``;
 - ``X``, int64: the ``hmap``, per hash slot the block registered under it (``NO_BLOCK``).
@@ -43,7 +44,6 @@ from .compiled import (
 
 ROWS = (*BLOCK_FIELDS, "prev", "next")
 ROW = {name: i for i, name in enumerate(ROWS)}
-META = ("count", "clock", "cached_busy", "qlen", "block_size")
 COUNT0 = 0
 CLOCK0 = len(ALL_STATES)
 CACHED_BUSY, QLEN, BLOCK_SIZE = range(CLOCK0 + 2, CLOCK0 + 5)
