@@ -183,93 +183,22 @@ def _launch_slots(first_slots: Sequence[int], counts: Sequence[int]) -> np.ndarr
     return np.repeat(first - (np.cumsum(n) - n), n) + np.arange(total, dtype=np.int64)
 
 
-class BlockAllocator:
-    """A verified paged KV-cache block allocator.
+class RequestBook:
+    """What an allocator keeps of its requests apart from their tables: the registry of
+    request records (``_requests``: id -> a record with ``rid``, ``tokens``, ``hashes``,
+    ``salt``, ``extra_keys``), the checks of request ids and step-level argument lists, and
+    the memoized chain hashing of their full blocks and the prefix hits an empty table
+    takes. Shared by ``BlockAllocator`` and ``NativeAllocator``, which need ``_requests``,
+    ``_lock``, ``_hash_memo``, ``block_size``, ``prefix_caching``, ``spec`` and a ``pool``
+    with ``lookup``."""
 
-    ``checked=True`` compares every transition's effect with the spec's and re-checks the
-    invariants of the touched blocks (O(1) per block); guards are enforced in both modes.
-
-    Concurrency contract: every public method, ``Launch.complete()`` and the polling of
-    recorded completion events run under one re-entrant lock per allocator, so completion
-    callbacks may come from any thread while the scheduler thread allocates and frees. Event
-    ``query()`` calls are made with the lock held and must not call back into the allocator
-    from another thread and wait for it.
-    """
-
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        *,
-        prefix_caching: bool = True,
-        checked: bool = True,
-        spec: RequestSpec | Mapping[str, Transition] | None = None,
-    ) -> None:
-        """``spec``: the request layer to enforce (a ``spec.RequestSpec``; default
-        ``spec.REQUEST_SPEC``, the spec as written), or only the pool's lifecycle transitions
-        (a mapping like ``spec.TRANSITIONS``, the request rules as written). Its pool
-        transitions go to the ``BlockPool``; its rules (``may_hit``, ``commit_bounds``,
-        ``slots_written``) are the ones the allocator evaluates, and its call programs the ones
-        a refusal is confirmed by. Tests and canaries pass a changed spec here."""
-        if not isinstance(prefix_caching, bool | np.bool_):
-            raise InvalidArgument(
-                f"prefix_caching must be a bool, got {type(prefix_caching).__name__}"
-            )
-        try:
-            self.spec = as_request_spec(spec)
-        except TypeError as exc:
-            raise InvalidArgument(str(exc)) from None
-        self.pool = BlockPool(num_blocks, block_size, checked=checked,
-                              spec=None if spec is None else self.spec.pool)
-        self.block_size = self.pool.block_size
-        self.num_blocks = self.pool.num_blocks
-        self.prefix_caching = bool(prefix_caching)
-        self.checked = bool(checked)
-        self._lock = threading.RLock()
-        self._requests: dict[Hashable, _Request] = {}
-        self._rows = TableRows()  # the tables again, as int32 rows for launches
-        self._inflight: dict[int, Launch] = {}  # by Launch.seq, the spec's launch number
-        self._prefix_hit_tokens = 0
-        # Kept exact on every change, so stats() costs O(1) whatever the number of requests.
-        self._reserved_total = 0  # positions reserved, summed over live requests' tables
-        self._entries_total = 0  # table entries, summed over live requests' tables
-        self._attached_pool: Any = None
-        # block_hash is a pure function: memoize it on its full input (parent hash, the
-        # block's tokens, extra keys, salt), so a block a front door hashed (for its lookup)
-        # and then hands over, or a hot shared prefix, is sha256-hashed once. Bounded at
-        # _HASH_MEMO_MAX entries (about 350 bytes each at block size 16: a few MB, whatever
-        # the number of live blocks), least recently used dropped first, one at a time
-        # (clearing it all at once would pause one call for milliseconds). None disables it.
-        self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = OrderedDict()
-        # The request records and pool seen as the spec's request-layer state (no copy).
-        self.spec_view = request_view(self._requests, self.pool)
-
-    # ---- requests ----------------------------------------------------------------------------
-    @_locked
-    def add_request(
-        self,
-        rid: Hashable,
-        token_ids: Sequence[int],
-        *,
-        cache_salt: str | bytes | None = None,
-        extra_keys: Sequence[Any] = (),
-    ) -> int:
-        """Register a request (spec: open_holder); return the prompt tokens the cache has now.
-
-        Only full blocks count, and never the last prompt token (it must be computed to get
-        logits). No reference is taken: ``allocate`` takes the hits found at that moment.
-        """
-        self._check_new_rid(rid)
-        tokens = _check_tokens(token_ids)
-        if cache_salt is not None and not isinstance(cache_salt, str | bytes):
-            raise InvalidArgument("cache_salt must be str, bytes or None")
-        extra = normalize_extra_keys(extra_keys)
-        req = _Request(rid, tokens, cache_salt, extra)
-        self._extend_hashes(req)
-        self.pool.open_holder(rid)
-        req.row = self._rows.open()
-        self._requests[rid] = req
-        return len(self._hits(req)) * self.block_size
+    _requests: dict[Hashable, Any]
+    _lock: Any
+    _hash_memo: OrderedDict[tuple[Any, ...], int] | None
+    block_size: int
+    prefix_caching: bool
+    spec: RequestSpec
+    pool: Any
 
     def _extend_hashes(self, req: _Request) -> None:
         """Hash the request's blocks its known tokens filled since (memoized)."""
@@ -372,6 +301,139 @@ class BlockAllocator:
         if rid in self._requests:
             raise DuplicateRequest(f"request {rid!r} is already registered")
 
+    def _req(self, rid: Hashable) -> _Request:
+        try:
+            return self._requests[rid]
+        except KeyError:
+            raise UnknownRequest(f"unknown request {rid!r}") from None
+        except TypeError:
+            raise InvalidArgument(
+                f"request ids must be hashable, got {type(rid).__name__}"
+            ) from None
+
+    def _batch(self, items: Any, call: str) -> list[tuple[_Request, Any]]:
+        """``(rid, value)`` pairs of a step-level call: known requests, each once."""
+        pairs = _ordered(items, f"{call}'s (request id, value) pairs")
+        reqs = self._requests
+        try:  # the common case in one pass; any doubt: the checks below, which say why
+            fast = [(reqs[p[0]], p[1]) for p in pairs if type(p) is tuple and len(p) == 2]
+            if len(fast) == len(pairs) and len({id(r) for r, _ in fast}) == len(fast):
+                return fast
+        except (KeyError, TypeError):
+            pass
+        out: list[tuple[_Request, Any]] = []
+        seen: set[Hashable] = set()
+        for pair in pairs:
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise InvalidArgument(f"{call} takes (request id, value) pairs, got {pair!r}")
+            req = self._req(pair[0])
+            if req.rid in seen:
+                raise InvalidArgument(f"request {req.rid!r} appears twice in one {call}")
+            seen.add(req.rid)
+            out.append((req, pair[1]))
+        return out
+
+    def _check_rids(self, rids: Any) -> tuple[Hashable, ...]:
+        rids = tuple(_ordered(rids, "publish's request ids"))
+        if not rids:
+            raise InvalidArgument("publish needs at least one request")
+        try:
+            distinct = len(set(rids))
+        except TypeError:
+            raise InvalidArgument("request ids must be hashable") from None
+        if distinct != len(rids):
+            raise InvalidArgument("a request appears twice in one launch")
+        return rids
+
+
+class BlockAllocator(RequestBook):
+    """A verified paged KV-cache block allocator.
+
+    ``checked=True`` compares every transition's effect with the spec's and re-checks the
+    invariants of the touched blocks (O(1) per block); guards are enforced in both modes.
+
+    Concurrency contract: every public method, ``Launch.complete()`` and the polling of
+    recorded completion events run under one re-entrant lock per allocator, so completion
+    callbacks may come from any thread while the scheduler thread allocates and frees. Event
+    ``query()`` calls are made with the lock held and must not call back into the allocator
+    from another thread and wait for it.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        prefix_caching: bool = True,
+        checked: bool = True,
+        spec: RequestSpec | Mapping[str, Transition] | None = None,
+    ) -> None:
+        """``spec``: the request layer to enforce (a ``spec.RequestSpec``; default
+        ``spec.REQUEST_SPEC``, the spec as written), or only the pool's lifecycle transitions
+        (a mapping like ``spec.TRANSITIONS``, the request rules as written). Its pool
+        transitions go to the ``BlockPool``; its rules (``may_hit``, ``commit_bounds``,
+        ``slots_written``) are the ones the allocator evaluates, and its call programs the ones
+        a refusal is confirmed by. Tests and canaries pass a changed spec here."""
+        if not isinstance(prefix_caching, bool | np.bool_):
+            raise InvalidArgument(
+                f"prefix_caching must be a bool, got {type(prefix_caching).__name__}"
+            )
+        try:
+            self.spec = as_request_spec(spec)
+        except TypeError as exc:
+            raise InvalidArgument(str(exc)) from None
+        self.pool = BlockPool(num_blocks, block_size, checked=checked,
+                              spec=None if spec is None else self.spec.pool)
+        self.block_size = self.pool.block_size
+        self.num_blocks = self.pool.num_blocks
+        self.prefix_caching = bool(prefix_caching)
+        self.checked = bool(checked)
+        self._lock = threading.RLock()
+        self._requests: dict[Hashable, _Request] = {}
+        self._rows = TableRows()  # the tables again, as int32 rows for launches
+        self._inflight: dict[int, Launch] = {}  # by Launch.seq, the spec's launch number
+        self._prefix_hit_tokens = 0
+        # Kept exact on every change, so stats() costs O(1) whatever the number of requests.
+        self._reserved_total = 0  # positions reserved, summed over live requests' tables
+        self._entries_total = 0  # table entries, summed over live requests' tables
+        self._attached_pool: Any = None
+        # block_hash is a pure function: memoize it on its full input (parent hash, the
+        # block's tokens, extra keys, salt), so a block a front door hashed (for its lookup)
+        # and then hands over, or a hot shared prefix, is sha256-hashed once. Bounded at
+        # _HASH_MEMO_MAX entries (about 350 bytes each at block size 16: a few MB, whatever
+        # the number of live blocks), least recently used dropped first, one at a time
+        # (clearing it all at once would pause one call for milliseconds). None disables it.
+        self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = OrderedDict()
+        # The request records and pool seen as the spec's request-layer state (no copy).
+        self.spec_view = request_view(self._requests, self.pool)
+
+    # ---- requests ----------------------------------------------------------------------------
+    @_locked
+    def add_request(
+        self,
+        rid: Hashable,
+        token_ids: Sequence[int],
+        *,
+        cache_salt: str | bytes | None = None,
+        extra_keys: Sequence[Any] = (),
+    ) -> int:
+        """Register a request (spec: open_holder); return the prompt tokens the cache has now.
+
+        Only full blocks count, and never the last prompt token (it must be computed to get
+        logits). No reference is taken: ``allocate`` takes the hits found at that moment.
+        """
+        self._check_new_rid(rid)
+        tokens = _check_tokens(token_ids)
+        if cache_salt is not None and not isinstance(cache_salt, str | bytes):
+            raise InvalidArgument("cache_salt must be str, bytes or None")
+        extra = normalize_extra_keys(extra_keys)
+        req = _Request(rid, tokens, cache_salt, extra)
+        self._extend_hashes(req)
+        self.pool.open_holder(rid)
+        req.row = self._rows.open()
+        self._requests[rid] = req
+        return len(self._hits(req)) * self.block_size
+
     def _plan_room(self, need: int, hits: Sequence[int] = ()) -> list[Launch]:
         """Decide, changing nothing, whether ``need`` new blocks can be taken beyond the
         ``hits`` the call revives. Returns the completed launches (their events say done) to
@@ -429,16 +491,6 @@ class BlockAllocator:
     def _reclaim_launches(self, done: Iterable[Launch]) -> None:
         for launch in done:
             self._complete(launch, False)
-
-    def _req(self, rid: Hashable) -> _Request:
-        try:
-            return self._requests[rid]
-        except KeyError:
-            raise UnknownRequest(f"unknown request {rid!r}") from None
-        except TypeError:
-            raise InvalidArgument(
-                f"request ids must be hashable, got {type(rid).__name__}"
-            ) from None
 
     @_confirmed("allocate")
     def allocate(self, rid: Hashable, num_tokens: int) -> list[int]:
@@ -508,28 +560,6 @@ class BlockAllocator:
             self._reserved_total += n - req.reserved
             req.reserved = n
         return True
-
-    def _batch(self, items: Any, call: str) -> list[tuple[_Request, Any]]:
-        """``(rid, value)`` pairs of a step-level call: known requests, each once."""
-        pairs = _ordered(items, f"{call}'s (request id, value) pairs")
-        reqs = self._requests
-        try:  # the common case in one pass; any doubt: the checks below, which say why
-            fast = [(reqs[p[0]], p[1]) for p in pairs if type(p) is tuple and len(p) == 2]
-            if len(fast) == len(pairs) and len({id(r) for r, _ in fast}) == len(fast):
-                return fast
-        except (KeyError, TypeError):
-            pass
-        out: list[tuple[_Request, Any]] = []
-        seen: set[Hashable] = set()
-        for pair in pairs:
-            if not isinstance(pair, tuple | list) or len(pair) != 2:
-                raise InvalidArgument(f"{call} takes (request id, value) pairs, got {pair!r}")
-            req = self._req(pair[0])
-            if req.rid in seen:
-                raise InvalidArgument(f"request {req.rid!r} appears twice in one {call}")
-            seen.add(req.rid)
-            out.append((req, pair[1]))
-        return out
 
     def _growth(self, req: _Request, num_tokens: Any) -> tuple[list[int], int, int]:
         """What growing req to ``num_tokens`` positions takes, changing nothing: (the prefix
@@ -814,18 +844,6 @@ class BlockAllocator:
         self._entries_total -= len(req.table)
 
     # ---- launches ----------------------------------------------------------------------------
-    def _check_rids(self, rids: Any) -> tuple[Hashable, ...]:
-        rids = tuple(_ordered(rids, "publish's request ids"))
-        if not rids:
-            raise InvalidArgument("publish needs at least one request")
-        try:
-            distinct = len(set(rids))
-        except TypeError:
-            raise InvalidArgument("request ids must be hashable") from None
-        if distinct != len(rids):
-            raise InvalidArgument("a request appears twice in one launch")
-        return rids
-
     @_confirmed("publish")
     def publish(self, rids: Sequence[Hashable]) -> Launch:
         """Hand the requests' tables to kernels as launch number ``L = pool.clock[ISSUED]``
@@ -892,44 +910,39 @@ class BlockAllocator:
         # begin_write), and whoever lets one go last retires it at a clock > L.
         for rid, src in sources:
             pool.release(src, rid)
+        rows = [req.row for req in reqs]
+        starts = [req.issued for req in reqs]
+        seq_lens = [req.reserved for req in reqs]
+        # the longest table: the launch's tables are at least as wide (take)
+        width = max([len(req.table) for req in reqs])
         writes: list[tuple[int, Hashable, int]] = []
-        written: list[int] = []  # the blocks of ``writes``
         first_slots: list[int] = []  # per write: the slot of its first position ...
         counts: list[int] = []  # ... and how many positions it writes
-        starts: list[int] = []
-        seq_lens: list[int] = []
-        rows: list[int] = []
-        width = 0  # the longest table: the launch's tables are at least as wide (take)
+        add_write, add_slot, add_count = writes.append, first_slots.append, counts.append
         for req in reqs:
             table = req.table
-            req.published = n = len(table)
-            if n > width:
-                width = n
-            rows.append(req.row)
+            req.published = len(table)
             issued, reserved = req.issued, req.reserved
-            starts.append(issued)
-            seq_lens.append(reserved)
             if issued == reserved:
                 continue
             req.issued = reserved
             i, offset = divmod(issued, B)  # the first block is written from offset on
             if reserved <= (i + 1) * B:  # one block written (a decode step): no split needed
                 b = table[i]
-                first_slots.append(b * B + offset)
-                counts.append(reserved - issued)
+                add_slot(b * B + offset)
+                add_count(reserved - issued)
                 # a copy writes the shared slots too
-                writes.append((b, req.rid, reserved - i * B if b in copied else reserved - issued))
-                written.append(b)
+                add_write((b, req.rid, reserved - i * B if b in copied else reserved - issued))
                 continue
             for i, w in writes_per_block(B, issued, reserved).items():
                 b = table[i]
-                first_slots.append(b * B + offset)
-                counts.append(w)
+                add_slot(b * B + offset)
+                add_count(w)
                 if b in copied:
                     w += offset  # the copy writes the shared slots too
                 offset = 0  # the blocks after the first are written from their slot 0
-                writes.append((b, req.rid, w))
-                written.append(b)
+                add_write((b, req.rid, w))
+        written = [w[0] for w in writes]  # the blocks of ``writes``
         if writes:
             pool.run_many("begin_write", writes)
         bt, tg = self._rows.take(rows, width)

@@ -48,6 +48,7 @@ from pagedkv.spec import (
 )
 from pagedkv.spec.explain import refusal_detail
 from pagedkv.spec.model import ARRAY_FIELDS
+from pagedkv.spec.request_spec import REQUEST_SPEC
 
 from . import native_source as ns
 from .allocator import _ordered
@@ -93,12 +94,14 @@ def _cache_dir() -> Path:
         return path
 
 
-def native_module(spec: Mapping[str, Transition] | None = None) -> ModuleType:
-    """The compiled module of ``spec``'s transitions (default ``spec.TRANSITIONS``), generated,
-    written to the cache folder, imported and checked against the interpreted spec
-    (``self_check``) once per process."""
+def native_module(spec: Mapping[str, Transition] | None = None,
+                  rules: tuple[Any, Any] | None = None) -> ModuleType:
+    """The compiled module of ``spec``'s transitions (default ``spec.TRANSITIONS``) and the
+    request rules ``rules`` (``commit_bounds``, ``slots_written``; default those of
+    ``spec.REQUEST_SPEC``), generated, written to the cache folder, imported and checked
+    against the interpreted spec (``self_check``) once per process."""
     spec = TRANSITIONS if spec is None else spec
-    key = tuple((name, spec[name]) for name in ns.NATIVE)
+    key = (tuple((name, spec[name]) for name in ns.NATIVE), rules)
     mod = _BY_SPEC.get(key)
     if mod is not None:
         return mod
@@ -108,7 +111,8 @@ def native_module(spec: Mapping[str, Transition] | None = None) -> ModuleType:
         raise NativeUnavailable("the native pool needs numba: pip install pagedkv[native]") \
             from exc
     try:
-        source = ns.module_source(spec, local_invariants())
+        source = (ns.module_source(spec, local_invariants()) if rules is None
+                  else ns.module_source(spec, local_invariants(), rules))
     except _Unsupported as exc:
         raise NativeUnavailable(f"a spec function has no native form: {exc}") from None
     digest = ns.source_digest(source)
@@ -126,7 +130,7 @@ def native_module(spec: Mapping[str, Transition] | None = None) -> ModuleType:
         mod = importlib.util.module_from_spec(loader)
         sys.modules[name] = mod
         loader.loader.exec_module(mod)
-        wrong = self_check(mod, spec)
+        wrong = self_check(mod, spec, rules)
         if wrong:
             raise NativeUnavailable(f"the generated code disagrees with the spec: {wrong}")
         _MODULES[digest] = mod
@@ -745,7 +749,8 @@ def _same(pool: NativePool, want: PoolStorage, nheld: dict[Any, int]) -> bool:
     return nheld_ok and hmap_ok and all(getattr(got, f) == getattr(want, f) for f in fields)
 
 
-def self_check(mod: ModuleType, spec: Mapping[str, Transition]) -> str | None:
+def self_check(mod: ModuleType, spec: Mapping[str, Transition],
+               rules: tuple[Any, Any] | None = None) -> str | None:
     """None if every generated transition agrees with the interpreted spec on the probe
     states (each parameter tuple: refused exactly where the guard fails, changing nothing,
     else the spec's post-state), and the fused invariants with the interpreted ones; else
@@ -791,4 +796,27 @@ def self_check(mod: ModuleType, spec: Mapping[str, Transition]) -> str | None:
                          for inv in invs)
             if tuple(mod.each(pool.B, pool.M, pool.H, pool.K, pool.X, b)) != want:
                 return f"local invariants at block {b}"
+    return _rules_disagree(mod, rules)
+
+
+def _rules_disagree(mod: ModuleType, rules: tuple[Any, Any] | None) -> str | None:
+    """What of the generated request rules disagrees with the interpreted ones, or None:
+    ``commit_bounds`` on every count up to two blocks and one position at block sizes 1 and 3
+    (as ``compiled.position_rule`` is checked), ``slots_written`` at every block of the probe
+    pools for every k up to a block and one."""
+    commit_bounds, slots_written = rules or (REQUEST_SPEC.commit_bounds,
+                                             REQUEST_SPEC.slots_written)
+    for Bsz in (1, 3):
+        for counts in itertools.product(range(2 * Bsz + 2), repeat=3):
+            want = tuple(bool(c) for c in commit_bounds(
+                CONCRETE, *(divmod(c, Bsz) for c in counts)))
+            if tuple(mod.rule_commit_bounds(Bsz, *counts)) != want:
+                return f"commit_bounds{counts} at block size {Bsz}"
+    for pre in _probe_pools():
+        pool = _bare(mod, pre)
+        for b in range(pre.num_blocks):
+            for k in range(pre.block_size + 2):
+                want = bool(slots_written(CONCRETE, pre.view, b, k))
+                if mod.g_slots_written(pool.B, pool.M, pool.H, pool.K, pool.X, b, k) != want:
+                    return f"slots_written({b}, {k})"
     return None

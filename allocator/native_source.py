@@ -29,10 +29,12 @@ from typing import Any
 
 from pagedkv.spec import ALL_STATES, NO_BLOCK, PARAM_KINDS, Transition
 from pagedkv.spec.model import BLOCK_FIELDS
+from pagedkv.spec.request_spec import REQUEST_SPEC
 
 from .compiled import (
     _holds_entries,
     _lit,
+    _rule_terms,
     _source_of,
     _Sym,
     _SymOps,
@@ -222,6 +224,7 @@ def _constants() -> str:
 
 
 POLICY = Path(__file__).with_name("native_policy.py")
+STEPS = Path(__file__).with_name("native_steps.py")
 
 # Every function is compiled without numba's reference counting: none of them allocates, and
 # counting the arrays passed from call to call costs tens of nanoseconds per call (atomics),
@@ -234,15 +237,41 @@ def njit(**options):
 """
 
 
-def module_source(spec: dict[str, Transition], invariants: list[Any]) -> str:
-    """The whole native module for these transitions and local invariants: constants, the
-    holds set and the queue (``native_policy.py``), one guard/effect/run per transition of
-    ``NATIVE``, the fused invariants and the policy loops. Raises ``_Unsupported`` if some
-    spec function cannot be written over the native arrays."""
+def rules_source(commit_bounds: Any, slots_written: Any) -> str:
+    """The request layer's rules the step loops (``native_steps.py``) evaluate:
+    ``rule_commit_bounds(Bsz, new, issued, known)``, the spec's ``commit_bounds`` over three
+    position counts (as ``compiled.position_rule`` writes it), and ``g_slots_written(b, k)``,
+    the pool predicate ``slots_written`` over the native arrays."""
+    params = ("new", "issued", "known")
+    terms = _rule_terms(commit_bounds, params)
+    if terms is None:
+        raise _Unsupported("the request rule commit_bounds")
+    written = _native(slots_written, ("b", "k"))
+    if written is None:
+        raise _Unsupported("the request rule slots_written")
+    split = "".join(f"    {p}_q = {p} // Bsz\n    {p}_o = {p} - {p}_q * Bsz\n" for p in params)
+    inline = "@njit(cache=True, inline='always')\n"
+    return (f"{inline}def rule_commit_bounds(Bsz, {', '.join(params)}):\n{split}"
+            f"    return ({', '.join(f'bool({t})' for t in terms)},)\n\n\n"
+            f"{inline}def g_slots_written({_sig('b', 'k')}):\n" + GEOMETRY
+            + f"    return bool({_truth(written)})\n")
+
+
+def module_source(spec: dict[str, Transition], invariants: list[Any],
+                  rules: tuple[Any, Any] | None = None) -> str:
+    """The whole native module for these transitions, local invariants and request rules
+    (``commit_bounds``, ``slots_written``): constants, the holds set and the queue
+    (``native_policy.py``), one guard/effect/run per transition of ``NATIVE``, the fused
+    invariants, the rules and the request layer's step loops (``native_steps.py``). Raises
+    ``_Unsupported`` if some spec function cannot be written over the native arrays.
+    ``rules``: default, those of ``spec.REQUEST_SPEC``."""
     assert NO_BLOCK == -1
+    if rules is None:
+        rules = (REQUEST_SPEC.commit_bounds, REQUEST_SPEC.slots_written)
     parts = [_HEADER, _constants(), POLICY.read_text()]
     parts += [transition_source(spec[name]) for name in NATIVE]
     parts.append(invariants_source(invariants))
+    parts += [rules_source(*rules), STEPS.read_text()]
     return "\n\n".join(parts)
 
 

@@ -1,0 +1,456 @@
+"""NativeAllocator: the request layer's step-level calls as native loops over a NativePool.
+
+``BlockAllocator``'s calls for a serving loop that batches its step (``add_request``,
+``allocate`` / ``extend``, ``allocate_many``, ``append_tokens`` / ``append_tokens_many``,
+``publish`` and the launch's completion, ``commit`` / ``commit_many``, ``free``), with the same
+meaning: the same blocks taken, tables, launches (block tables, slot mapping, sequence and
+query lengths, writes), prefix hits, states and refusals (the tests run both side by side).
+Each request's table and positions are a row of int64 arrays, and each step-level call runs one
+native loop over all its requests (``native_steps.py``) that calls the spec's pool transitions
+and the request rules (``commit_bounds``, ``slots_written``), all generated from the spec and
+self-checked against it with the pool's (``native_pool.native_module``). What stays in Python
+is per request and small: token ids and their sha256 chain (``RequestBook``, as
+``BlockAllocator`` hashes), admissions (prefix hits, the first allocation) and frees.
+
+Not here (``BlockAllocator`` has them): ``fork``, ``truncate``, copy-on-write (no partial
+block is ever shared without a fork), launches completed by recorded events (complete each
+launch: ``Launch.complete()``), ``attach_pool``. Needs numba (``pagedkv[native]``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from pagedkv.spec import CONCRETE, PUBLISHED, Transition, takeable
+from pagedkv.spec.request_spec import REQUEST_SPEC, RequestSpec, as_request_spec
+
+from .allocator import (
+    RequestBook,
+    _check_tokens,
+    _locked,
+    _ordered,
+)
+from .errors import CommitError, InvalidArgument, OutOfBlocks, TokensUnknown
+from .hashing import normalize_extra_keys
+from .launch import Launch, LaunchAlreadyCompleted
+from .native_pool import ROW, NativePool, native_module
+from .table import MAX_COUNT, check_count
+from .table_rows import launch_width
+
+_STEPS_CONSTANTS = ("R_HOLDER", "R_TLEN", "R_RESERVED", "R_ISSUED", "R_PUBLISHED",
+                    "R_COMPUTED", "R_KNOWN", "R_FIELDS")
+
+
+class _NativeRequest:
+    """A request's Python side: its token ids and their chain hashes (``RequestBook``), its
+    row of the native arrays."""
+
+    __slots__ = ("rid", "tokens", "salt", "extra_keys", "hashes", "row")
+
+    def __init__(self, rid: Hashable, tokens: list[int], salt: str | bytes | None,
+                 extra_keys: tuple[Any, ...], row: int) -> None:
+        self.rid, self.tokens, self.salt, self.extra_keys = rid, tokens, salt, extra_keys
+        self.hashes: list[int] = []
+        self.row = row
+
+
+class NativeAllocator(RequestBook):
+    """``BlockAllocator``'s step-level calls, natively (see the module docstring).
+
+    ``checked``: the pool re-checks the spec's local invariants on every block a call touched,
+    in their native form (as ``NativePool``). Thread safety as ``BlockAllocator``'s: every
+    public call and ``Launch.complete()`` run under one re-entrant lock."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True,
+                 checked: bool = True,
+                 spec: RequestSpec | Mapping[str, Transition] | None = None) -> None:
+        if not isinstance(prefix_caching, bool | np.bool_):
+            raise InvalidArgument(
+                f"prefix_caching must be a bool, got {type(prefix_caching).__name__}")
+        try:
+            self.spec = as_request_spec(spec)
+        except TypeError as exc:
+            raise InvalidArgument(str(exc)) from None
+        self.pool = NativePool(num_blocks, block_size, checked=checked,
+                               spec=None if spec is None else self.spec.pool)
+        rules = (self.spec.commit_bounds, self.spec.slots_written)
+        default = rules == (REQUEST_SPEC.commit_bounds, REQUEST_SPEC.slots_written)
+        self.mod = self.pool.mod if default else native_module(self.pool.spec, rules)
+        for name in _STEPS_CONSTANTS:
+            setattr(self, f"_{name}", getattr(self.mod, name))
+        self.block_size = self.pool.block_size
+        self.num_blocks = self.pool.num_blocks
+        self.prefix_caching = bool(prefix_caching)
+        self.checked = self.pool.checked
+        self._lock = threading.RLock()
+        self._requests: dict[Hashable, _NativeRequest] = {}
+        self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = OrderedDict()
+        self._inflight: dict[int, Launch] = {}
+        self._prefix_hit_tokens = 0
+        rows = 16
+        self.R = np.zeros((self._R_FIELDS, rows), np.int64)
+        self.T = np.full((rows, 16), -1, np.int64)
+        self._free_rows = list(range(rows - 1, -1, -1))
+        self._S = np.empty((3, 2 * self.num_blocks + 2), np.int64)  # never fills: see grow
+        self._filled = np.empty((3, rows), np.int64)
+
+    # ---- rows ------------------------------------------------------------------------------------
+    def _new_row(self) -> int:
+        if not self._free_rows:
+            old = self.R.shape[1]
+            self.R = np.concatenate([self.R, np.zeros_like(self.R)], axis=1)
+            self.T = np.concatenate([self.T, np.full_like(self.T, -1)], axis=0)
+            self._filled = np.empty((3, 2 * old), np.int64)
+            self._free_rows = list(range(2 * old - 1, old - 1, -1))
+        return self._free_rows.pop()
+
+    def _room_for_entries(self, entries: int) -> None:
+        """Rows at least ``entries`` wide (a power of two: a launch's width never exceeds it)."""
+        width = self.T.shape[1]
+        if entries > width:
+            wider = np.full((self.T.shape[0], launch_width(entries)), -1, np.int64)
+            wider[:, :width] = self.T
+            self.T = wider
+
+    def _rows_of(self, reqs: Sequence[_NativeRequest]) -> np.ndarray:
+        return np.fromiter([req.row for req in reqs], np.int64, len(reqs))
+
+    @property
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        p = self.pool
+        return p.B, p.M, p.H, p.K, p.X, self.R, self.T
+
+    # ---- requests --------------------------------------------------------------------------------
+    @_locked
+    def add_request(self, rid: Hashable, token_ids: Sequence[int], *,
+                    cache_salt: str | bytes | None = None, extra_keys: Sequence[Any] = ()) -> int:
+        """``BlockAllocator.add_request``: register a request (spec: open_holder); return the
+        prompt tokens the cache has now."""
+        self._check_new_rid(rid)
+        tokens = _check_tokens(token_ids)
+        if cache_salt is not None and not isinstance(cache_salt, str | bytes):
+            raise InvalidArgument("cache_salt must be str, bytes or None")
+        extra = normalize_extra_keys(extra_keys)
+        req = _NativeRequest(rid, tokens, cache_salt, extra, -1)
+        self._extend_hashes(req)
+        self.pool.open_holder(rid)
+        req.row = row = self._new_row()
+        self.R[:, row] = 0
+        self.R[self._R_HOLDER, row] = self.pool._slot[rid]
+        self.R[self._R_KNOWN, row] = len(tokens)
+        self._requests[rid] = req
+        return len(self._hits(req)) * self.block_size
+
+    @_locked
+    def allocate(self, rid: Hashable, num_tokens: int) -> list[int]:
+        """``BlockAllocator.allocate``: grow rid's table to cover ``num_tokens`` positions (the
+        first call takes every prefix hit the cache has); returns the whole table."""
+        req = self._req(rid)
+        self._extend(req, num_tokens)
+        return self.block_table(rid)
+
+    @_locked
+    def extend(self, rid: Hashable, num_tokens: int) -> list[int]:
+        """``allocate``, returning only the entries this call appended."""
+        return self._extend(self._req(rid), num_tokens)
+
+    def _extend(self, req: _NativeRequest, num_tokens: Any) -> list[int]:
+        if self.R[self._R_TLEN, req.row]:
+            return self._grow_rows([req], [num_tokens])[0]
+        return self._admit(req, num_tokens)
+
+    def _admit(self, req: _NativeRequest, num_tokens: Any) -> list[int]:
+        """An empty table's first growth: the prefix hits, shared, then new blocks."""
+        num_tokens = check_count(num_tokens, "num_tokens")
+        row, B, R = req.row, self.block_size, self.R
+        if num_tokens < R[self._R_RESERVED, row]:
+            raise InvalidArgument(f"request {req.rid!r} already covers "
+                                  f"{R[self._R_RESERVED, row]} positions; tables only grow")
+        hits = self._hits(req)
+        reserved = max(num_tokens, len(hits) * B)
+        entries = -(-reserved // B)
+        need = entries - len(hits)
+        pool = self.pool
+        revived = sum(1 for b in hits if takeable(CONCRETE, pool.view, b))
+        available = pool.usable() - revived
+        if need > available:
+            raise OutOfBlocks(need, available, pool.waiting())
+        self._room_for_entries(entries)
+        if hits:
+            pool.share_many(req.rid, hits)
+            self.T[row, :len(hits)] = hits
+            R[self._R_COMPUTED, row] = R[self._R_ISSUED, row] = len(hits) * B
+            self._prefix_hit_tokens += len(hits) * B
+        R[self._R_TLEN, row] = len(hits)
+        if need > 0:
+            self.T[row, len(hits):entries] = pool.take_many(req.rid, need)
+        R[self._R_TLEN, row] = entries
+        R[self._R_RESERVED, row] = reserved
+        return self.T[row, :entries].tolist()
+
+    @_locked
+    def allocate_many(self, grow: Sequence[tuple[Hashable, int]]) -> list[list[int]]:
+        """``BlockAllocator.allocate_many``: grow each running request of the ``(rid,
+        num_tokens)`` pairs, in order, all or nothing (one native loop); the entries each
+        appended."""
+        pairs = self._batch(grow, "allocate_many")
+        return self._grow_rows([req for req, _ in pairs], [n for _, n in pairs])
+
+    def _grow_rows(self, reqs: list[_NativeRequest], counts: list[Any]) -> list[list[int]]:
+        for i, n in enumerate(counts):
+            if type(n) is not int or not 0 <= n <= MAX_COUNT:
+                counts[i] = check_count(n, "num_tokens")
+        n = len(reqs)
+        if not n:
+            return []
+        targets = np.array(counts, np.int64)
+        # (a table holds distinct blocks: one wider than the pool does not fit anyway)
+        self._room_for_entries(min(-(-int(targets.max()) // self.block_size), self.num_blocks))
+        rows = self._rows_of(reqs)
+        grown = np.empty(n, np.int64)
+        pool, S = self.pool, self._S
+        i, status, detail, nev, nt = self.mod.grow_many(*self._arrays, rows, targets, n, S,
+                                                        grown)
+        for slot in S[0, :nev].tolist():
+            pool._release_hash(slot)
+        if self.checked and nt:
+            pool._check_touched("take_many", S[2], nt)
+        mod = self.mod
+        if status != mod.STEP_OK:
+            if status == mod.STEP_NO_ROOM:
+                raise OutOfBlocks(detail, pool.usable(), pool.waiting())
+            rid = reqs[i].rid
+            if status == mod.STEP_SHRINKS:
+                raise InvalidArgument(
+                    f"request {rid!r} already covers {self.R[self._R_RESERVED, reqs[i].row]} "
+                    "positions; tables only grow")
+            if status == mod.STEP_EMPTY_TABLE:
+                raise InvalidArgument(
+                    f"allocate_many grows running requests; {rid!r} has an empty table "
+                    "(its first allocation takes prefix hits: allocate)")
+            pool._refuse("allocate", b=detail, r=rid)  # a guard refused: its typed error
+        out: list[list[int]] = [[] for _ in range(n)]
+        T, tlen = self.T, self.R[self._R_TLEN]
+        for i in np.flatnonzero(grown).tolist():
+            row = reqs[i].row
+            end = int(tlen[row])
+            out[i] = T[row, end - int(grown[i]):end].tolist()
+        return out
+
+    @_locked
+    def append_tokens(self, rid: Hashable, token_ids: Sequence[int]) -> None:
+        """Record generated tokens, so that the blocks they fill can be hashed at commit."""
+        req = self._req(rid)
+        req.tokens.extend(_check_tokens(token_ids))
+        self._extend_hashes(req)
+        self.R[self._R_KNOWN, req.row] = len(req.tokens)
+
+    @_locked
+    def append_tokens_many(self, updates: Sequence[tuple[Hashable, Sequence[int]]]) -> None:
+        """The step-level ``append_tokens``: all or nothing, each request once."""
+        checked = [(req, _check_tokens(tokens))
+                   for req, tokens in self._batch(updates, "append_tokens_many")]
+        B = self.block_size
+        for req, tokens in checked:
+            req.tokens.extend(tokens)
+            if (len(req.hashes) + 1) * B <= len(req.tokens):  # a block filled: hash it
+                self._extend_hashes(req)
+        if checked:
+            self.R[self._R_KNOWN, self._rows_of([req for req, _ in checked])] = [
+                len(req.tokens) for req, _ in checked]
+
+    # ---- launches -------------------------------------------------------------------------------
+    @_locked
+    def publish(self, rids: Sequence[Hashable]) -> Launch:
+        """``BlockAllocator.publish``: the requests' tables handed to kernels as launch number
+        ``L``; new blocks published, each written block marked (spec: begin_write)."""
+        rids = self._check_rids(rids)
+        reqs = [self._req(r) for r in rids]
+        n, mod, pool = len(reqs), self.mod, self.pool
+        rows = self._rows_of(reqs)
+        i, status, npos, nblocks = mod.launch_plan(*self._arrays, rows, n)
+        if status == mod.STEP_NOTHING_ALLOCATED:
+            raise InvalidArgument(f"request {reqs[i].rid!r} has no allocated positions")
+        if status != mod.STEP_OK:
+            raise InvalidArgument(f"request {reqs[i].rid!r} writes a shared partial block: "
+                                  "only BlockAllocator copies on write")
+        i, refused = mod.publish_rows(*self._arrays, rows, n)
+        if i >= 0:
+            pool._refuse("publish", b=refused, r=reqs[i].rid)
+        L = pool.launch()
+        slots = np.empty(npos, np.int64)
+        starts = np.empty(n, np.int64)
+        lens = np.empty(n, np.int64)
+        written = np.empty(nblocks, np.int64)
+        i, refused, w, _, nw = mod.write_rows(*self._arrays, rows, n, slots, starts, lens,
+                                              written)
+        if self.checked and nw:
+            pool._check_touched("begin_write", written, nw)
+        if i >= 0:
+            pool._refuse("begin_write", b=refused, r=reqs[i].rid, w=w)
+        width = launch_width(int(self.R[self._R_TLEN, rows].max()))
+        tables = self.T[rows, :width].astype(np.int32)
+        gen = pool.B[ROW["gen"]]
+        generations = np.where(tables >= 0, gen[np.maximum(tables, 0)], -1).astype(np.int32)
+        tables.flags.writeable = generations.flags.writeable = False
+        seq_lens = lens.astype(np.int32)
+        launch = Launch(
+            rids=rids, block_tables=tables, seq_lens=seq_lens,
+            query_lens=seq_lens - starts.astype(np.int32), slot_mapping=slots,
+            table_generations=generations, copies=np.empty((0, 2), np.int32),
+            writes=tuple(written.tolist()), _on_complete=self._complete,
+            _generation_of=lambda: pool.B[ROW["gen"], :pool.num_blocks], seq=L,
+            block_size=self.block_size)
+        self._inflight[L] = launch
+        return launch
+
+    def _complete(self, launch: Launch, strict: bool) -> None:
+        """End the launch's writes and the launch (spec: end_write each, complete), then move
+        the watermark as far as it goes."""
+        with self._lock:
+            if launch.completed:
+                if strict:
+                    raise LaunchAlreadyCompleted(f"{launch!r} already completed")
+                return
+            pool = self.pool
+            if launch.writes:
+                pool.end_write_many(np.fromiter(launch.writes, np.int64, len(launch.writes)))
+            pool.complete(launch.seq)
+            launch.completed = True
+            self._inflight.pop(launch.seq, None)
+            pool.advance_watermark()
+
+    @property
+    def inflight(self) -> tuple[Launch, ...]:
+        with self._lock:
+            return tuple(self._inflight.values())
+
+    # ---- commits --------------------------------------------------------------------------------
+    @_locked
+    def commit(self, rid: Hashable, num_tokens: int) -> None:
+        """Positions below ``num_tokens`` are written: full blocks below it become REFERENCED
+        and enter the prefix cache (spec: commit)."""
+        self._commit_rows([self._req(rid)], [num_tokens])
+
+    @_locked
+    def commit_many(self, updates: Sequence[tuple[Hashable, int]]) -> None:
+        """The step-level ``commit``: all or nothing, each request once, in order."""
+        pairs = self._batch(updates, "commit_many")
+        self._commit_rows([req for req, _ in pairs], [n for _, n in pairs])
+
+    def _commit_rows(self, reqs: list[_NativeRequest], counts: list[Any]) -> None:
+        for i, n in enumerate(counts):
+            if type(n) is not int or not 0 <= n <= MAX_COUNT:
+                counts[i] = check_count(n, "num_tokens")
+        n = len(reqs)
+        if not n:
+            return
+        mod, R = self.mod, self.R
+        if self._filled.shape[1] < n:
+            self._filled = np.empty((3, 2 * n), np.int64)
+        filled = self._filled
+        i, status, block, nf = mod.commit_scan(*self._arrays, self._rows_of(reqs),
+                                               np.array(counts, np.int64), n, filled)
+        if status != mod.STEP_OK:
+            req, new = reqs[i], counts[i]
+            computed, issued = R[self._R_COMPUTED, req.row], R[self._R_ISSUED, req.row]
+            if status == mod.STEP_BELOW_COMPUTED:
+                raise CommitError(f"{req.rid!r} already committed {computed} positions")
+            if status == mod.STEP_NOT_ISSUED:
+                raise CommitError(f"cannot commit {new} positions of {req.rid!r}: launches "
+                                  f"were issued for {issued} "
+                                  f"(allocated {R[self._R_RESERVED, req.row]})")
+            if status == mod.STEP_NOT_KNOWN:
+                raise TokensUnknown(f"cannot commit {new} positions of {req.rid!r}: only "
+                                    f"{len(req.tokens)} token ids are known (append_tokens "
+                                    "first)")
+            raise CommitError(f"block {block} of {req.rid!r} has a writing launch still "
+                              "pending")
+        if self.prefix_caching and nf:
+            self._cache_filled(reqs, filled[:, :nf].T.tolist())
+
+    def _cache_filled(self, reqs: list[_NativeRequest], filled: list[list[int]]) -> None:
+        """The full blocks the commits completed enter the prefix cache (spec: commit), each
+        PUBLISHED one whose hash is not cached yet, request by request in order."""
+        pool = self.pool
+        state = pool.B[ROW["state"]]
+        for i, first, full in filled:
+            req = reqs[i]
+            blocks = self.T[req.row, first:full].tolist()
+            hashes = req.hashes
+            mine = [(b, hashes[first + k]) for k, b in enumerate(blocks)
+                    if state[b] == PUBLISHED and pool.lookup(hashes[first + k]) is None]
+            if mine:
+                pool.commit_many(req.rid, [b for b, _ in mine], [h for _, h in mine])
+
+    # ---- frees ----------------------------------------------------------------------------------
+    @_locked
+    def free(self, rid: Hashable) -> None:
+        """Release rid's blocks, tail first (a block a launch may still read waits for it),
+        and forget the request (spec: release each, close_holder)."""
+        req = self._req(rid)
+        row, pool = req.row, self.pool
+        tlen = int(self.R[self._R_TLEN, row])
+        if tlen:
+            pool.release_many(rid, self.T[row, tlen - 1::-1].copy())
+        pool.close_holder(rid)
+        self.T[row, :tlen] = -1
+        self.R[:, row] = 0
+        self._free_rows.append(row)
+        del self._requests[rid]
+
+    @_locked
+    def free_many(self, rids: Sequence[Hashable]) -> None:
+        """``free`` of each request, in order; every id is checked first."""
+        for req, _ in self._batch([(r, None) for r in _ordered(rids, "free_many's ids")],
+                                  "free_many"):
+            self.free(req.rid)
+
+    # ---- queries --------------------------------------------------------------------------------
+    @_locked
+    def block_table(self, rid: Hashable) -> list[int]:
+        req = self._req(rid)
+        return self.T[req.row, :self.R[self._R_TLEN, req.row]].tolist()
+
+    def _position(self, rid: Hashable, field: int) -> int:
+        with self._lock:
+            return int(self.R[field, self._req(rid).row])
+
+    def num_computed(self, rid: Hashable) -> int:
+        return self._position(rid, self._R_COMPUTED)
+
+    def num_reserved(self, rid: Hashable) -> int:
+        return self._position(rid, self._R_RESERVED)
+
+    def num_issued(self, rid: Hashable) -> int:
+        return self._position(rid, self._R_ISSUED)
+
+    @property
+    def requests(self) -> tuple[Hashable, ...]:
+        with self._lock:
+            return tuple(self._requests)
+
+    def state(self, block_id: int) -> int:
+        with self._lock:
+            return int(self.pool.view.state[check_count(block_id, "block id",
+                                                        self.num_blocks - 1)])
+
+    def ref_count(self, block_id: int) -> int:
+        with self._lock:
+            return int(self.pool.view.ref[check_count(block_id, "block id",
+                                                      self.num_blocks - 1)])
+
+    def block_generations(self) -> np.ndarray:
+        """Each block's generation (a read-only copy): a launch's ``table_generations``."""
+        with self._lock:
+            out = self.pool.B[ROW["gen"], :self.num_blocks].astype(np.int32)
+        out.flags.writeable = False
+        return out
+
+
+__all__ = ["NativeAllocator"]
