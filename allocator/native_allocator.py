@@ -26,10 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.spec import CONCRETE, PUBLISHED, Transition, takeable
+from pagedkv.spec import CONCRETE, Transition, takeable
 from pagedkv.spec.request_spec import REQUEST_SPEC, RequestSpec, as_request_spec
 
 from .allocator import (
+    _I64_MAX,
+    _I64_MIN,
     RequestBook,
     _check_tokens,
     _locked,
@@ -44,6 +46,10 @@ from .table_rows import launch_width
 
 _STEPS_CONSTANTS = ("R_HOLDER", "R_TLEN", "R_RESERVED", "R_ISSUED", "R_PUBLISHED",
                     "R_COMPUTED", "R_KNOWN", "R_FIELDS")
+
+
+_NO_COPIES = np.empty((0, 2), np.int32)
+_NO_COPIES.flags.writeable = False
 
 
 class _NativeRequest:
@@ -91,6 +97,7 @@ class NativeAllocator(RequestBook):
         self._requests: dict[Hashable, _NativeRequest] = {}
         self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = OrderedDict()
         self._inflight: dict[int, Launch] = {}
+        self._written: dict[int, np.ndarray] = {}  # the blocks each launch in flight writes
         self._prefix_hit_tokens = 0
         rows = 16
         self.R = np.zeros((self._R_FIELDS, rows), np.int64)
@@ -131,6 +138,12 @@ class NativeAllocator(RequestBook):
                     cache_salt: str | bytes | None = None, extra_keys: Sequence[Any] = ()) -> int:
         """``BlockAllocator.add_request``: register a request (spec: open_holder); return the
         prompt tokens the cache has now."""
+        return len(self._hits(self._register(rid, token_ids, cache_salt, extra_keys))) * (
+            self.block_size)
+
+    def _register(self, rid: Hashable, token_ids: Sequence[int], cache_salt: Any,
+                  extra_keys: Sequence[Any]) -> _NativeRequest:
+        """``add_request`` without its lookup: the new record (under the caller's lock)."""
         self._check_new_rid(rid)
         tokens = _check_tokens(token_ids)
         if cache_salt is not None and not isinstance(cache_salt, str | bytes):
@@ -144,7 +157,7 @@ class NativeAllocator(RequestBook):
         self.R[self._R_HOLDER, row] = self.pool._slot[rid]
         self.R[self._R_KNOWN, row] = len(tokens)
         self._requests[rid] = req
-        return len(self._hits(req)) * self.block_size
+        return req
 
     @_locked
     def allocate(self, rid: Hashable, num_tokens: int) -> list[int]:
@@ -164,14 +177,17 @@ class NativeAllocator(RequestBook):
             return self._grow_rows([req], [num_tokens])[0]
         return self._admit(req, num_tokens)
 
-    def _admit(self, req: _NativeRequest, num_tokens: Any) -> list[int]:
-        """An empty table's first growth: the prefix hits, shared, then new blocks."""
+    def _admit(self, req: _NativeRequest, num_tokens: Any,
+               hits: list[int] | None = None) -> list[int]:
+        """An empty table's first growth: the prefix hits (``hits``, when the caller just
+        looked them up under the same lock), shared, then new blocks."""
         num_tokens = check_count(num_tokens, "num_tokens")
         row, B, R = req.row, self.block_size, self.R
         if num_tokens < R[self._R_RESERVED, row]:
             raise InvalidArgument(f"request {req.rid!r} already covers "
                                   f"{R[self._R_RESERVED, row]} positions; tables only grow")
-        hits = self._hits(req)
+        if hits is None:
+            hits = self._hits(req)
         reserved = max(num_tokens, len(hits) * B)
         entries = -(-reserved // B)
         need = entries - len(hits)
@@ -213,34 +229,67 @@ class NativeAllocator(RequestBook):
         self._room_for_entries(min(-(-int(targets.max()) // self.block_size), self.num_blocks))
         rows = self._rows_of(reqs)
         grown = np.empty(n, np.int64)
-        pool, S = self.pool, self._S
-        i, status, detail, nev, nt = self.mod.grow_many(*self._arrays, rows, targets, n, S,
-                                                        grown)
+        found = self.mod.grow_many(*self._arrays, rows, targets, n, self._S, grown)
+        self._after_growth(reqs, found)
+        return self._entries_added(reqs, grown, n)
+
+    def _after_growth(self, reqs: Sequence[_NativeRequest], found: tuple[int, ...]) -> None:
+        """A growth loop's evictions told to the pool, its touched blocks checked, and its
+        refusal raised (nothing changed then, but for a guard's refusal)."""
+        i, status, detail, nev, nt = found
+        pool, S, mod = self.pool, self._S, self.mod
         for slot in S[0, :nev].tolist():
             pool._release_hash(slot)
         if self.checked and nt:
             pool._check_touched("take_many", S[2], nt)
-        mod = self.mod
-        if status != mod.STEP_OK:
-            if status == mod.STEP_NO_ROOM:
-                raise OutOfBlocks(detail, pool.usable(), pool.waiting())
-            rid = reqs[i].rid
-            if status == mod.STEP_SHRINKS:
-                raise InvalidArgument(
-                    f"request {rid!r} already covers {self.R[self._R_RESERVED, reqs[i].row]} "
-                    "positions; tables only grow")
-            if status == mod.STEP_EMPTY_TABLE:
-                raise InvalidArgument(
-                    f"allocate_many grows running requests; {rid!r} has an empty table "
-                    "(its first allocation takes prefix hits: allocate)")
-            pool._refuse("allocate", b=detail, r=rid)  # a guard refused: its typed error
+        if status == mod.STEP_OK:
+            return
+        if status == mod.STEP_NO_ROOM:
+            raise OutOfBlocks(detail, pool.usable(), pool.waiting())
+        rid = reqs[i].rid
+        if status == mod.STEP_SHRINKS:
+            raise InvalidArgument(
+                f"request {rid!r} already covers {self.R[self._R_RESERVED, reqs[i].row]} "
+                "positions; tables only grow")
+        if status == mod.STEP_EMPTY_TABLE:
+            raise InvalidArgument(
+                f"allocate_many grows running requests; {rid!r} has an empty table "
+                "(its first allocation takes prefix hits: allocate)")
+        if status == mod.STEP_ROLLBACK:
+            raise InvalidArgument(
+                f"request {rid!r} has fewer positions computed than issued: rolling back "
+                "is BlockAllocator.truncate's")
+        pool._refuse("allocate", b=detail, r=rid)  # a guard refused: its typed error
+
+    def _entries_added(self, reqs: Sequence[_NativeRequest], grown: np.ndarray,
+                       n: int) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in range(n)]
         T, tlen = self.T, self.R[self._R_TLEN]
-        for i in np.flatnonzero(grown).tolist():
+        for i in np.flatnonzero(grown[:n]).tolist():
             row = reqs[i].row
             end = int(tlen[row])
             out[i] = T[row, end - int(grown[i]):end].tolist()
         return out
+
+    def grow_running(self, reqs: Sequence[_NativeRequest], bases: Sequence[int],
+                     counts: Sequence[int]) -> list[list[int]]:
+        """A scheduler's running pass in one native loop (``native_steps.grow_running``):
+        each request (a record of ``_requests``, its table non-empty), ``bases[i]`` positions
+        computed, grows by ``counts[i]`` new ones (to at least what it reserved), in order,
+        stopping at the first whose new blocks are not usable then; returns the entries each
+        one grown added (shorter than ``reqs`` if one did not fit). Counts are checked plain
+        ints by the caller. Under the caller's lock."""
+        n = len(reqs)
+        targets = np.empty(n, np.int64)
+        widest = max(bases) + max(counts) if n else 0
+        self._room_for_entries(min(-(-widest // self.block_size), self.num_blocks))
+        grown = np.empty(n, np.int64)
+        found = self.mod.grow_running(*self._arrays, self._rows_of(reqs),
+                                      np.array(bases, np.int64), np.array(counts, np.int64),
+                                      n, self._S, grown, targets)
+        self._after_growth(reqs, (-1 if found[1] == self.mod.STEP_OK else found[0],
+                                  *found[1:]))
+        return self._entries_added(reqs, grown, found[0])
 
     @_locked
     def append_tokens(self, rid: Hashable, token_ids: Sequence[int]) -> None:
@@ -264,49 +313,71 @@ class NativeAllocator(RequestBook):
             self.R[self._R_KNOWN, self._rows_of([req for req, _ in checked])] = [
                 len(req.tokens) for req, _ in checked]
 
+    def append_token_many(self, reqs: Sequence[_NativeRequest], tokens: Sequence[Any]) -> None:
+        """One sampled token for each request record (each once: the caller's), as
+        ``append_tokens_many`` of one token each: every token is checked before any is
+        recorded. Under the caller's lock."""
+        for t in tokens:
+            if type(t) is not int or not _I64_MIN <= t <= _I64_MAX:
+                _check_tokens([t])  # InvalidArgument, saying why
+        B = self.block_size
+        for req, t in zip(reqs, tokens, strict=True):
+            toks = req.tokens
+            toks.append(t)
+            if (len(req.hashes) + 1) * B <= len(toks):  # a block filled: hash it
+                self._extend_hashes(req)
+        if reqs:
+            self.R[self._R_KNOWN, self._rows_of(reqs)] += 1
+
     # ---- launches -------------------------------------------------------------------------------
     @_locked
     def publish(self, rids: Sequence[Hashable]) -> Launch:
         """``BlockAllocator.publish``: the requests' tables handed to kernels as launch number
         ``L``; new blocks published, each written block marked (spec: begin_write)."""
         rids = self._check_rids(rids)
-        reqs = [self._req(r) for r in rids]
+        requests = self._requests
+        try:
+            reqs = [requests[r] for r in rids]
+        except KeyError:
+            reqs = [self._req(r) for r in rids]  # UnknownRequest, naming it
         n, mod, pool = len(reqs), self.mod, self.pool
         rows = self._rows_of(reqs)
-        i, status, npos, nblocks = mod.launch_plan(*self._arrays, rows, n)
+        i, status, npos, nblocks, longest = mod.launch_plan(*self._arrays, rows, n)
         if status == mod.STEP_NOTHING_ALLOCATED:
             raise InvalidArgument(f"request {reqs[i].rid!r} has no allocated positions")
         if status != mod.STEP_OK:
             raise InvalidArgument(f"request {reqs[i].rid!r} writes a shared partial block: "
                                   "only BlockAllocator copies on write")
-        i, refused = mod.publish_rows(*self._arrays, rows, n)
-        if i >= 0:
-            pool._refuse("publish", b=refused, r=reqs[i].rid)
-        L = pool.launch()
+        pool._room_for_launch()
         slots = np.empty(npos, np.int64)
         starts = np.empty(n, np.int64)
         lens = np.empty(n, np.int64)
         written = np.empty(nblocks, np.int64)
-        i, refused, w, _, nw = mod.write_rows(*self._arrays, rows, n, slots, starts, lens,
-                                              written)
+        width = launch_width(longest)
+        tables = np.empty((n, width), np.int32)
+        generations = np.empty((n, width), np.int32)
+        stage, i, refused, w, L, nw = mod.launch_rows(*self._arrays, rows, n, slots, starts,
+                                                      lens, written, tables, generations)
         if self.checked and nw:
             pool._check_touched("begin_write", written, nw)
-        if i >= 0:
+        if stage == 1:
+            pool._refuse("publish", b=refused, r=reqs[i].rid)
+        if stage == 2:
+            pool._refuse("launch", L=L)
+        pool._check_clock("launch", L)
+        if stage == 3:
             pool._refuse("begin_write", b=refused, r=reqs[i].rid, w=w)
-        width = launch_width(int(self.R[self._R_TLEN, rows].max()))
-        tables = self.T[rows, :width].astype(np.int32)
-        gen = pool.B[ROW["gen"]]
-        generations = np.where(tables >= 0, gen[np.maximum(tables, 0)], -1).astype(np.int32)
         tables.flags.writeable = generations.flags.writeable = False
         seq_lens = lens.astype(np.int32)
         launch = Launch(
             rids=rids, block_tables=tables, seq_lens=seq_lens,
             query_lens=seq_lens - starts.astype(np.int32), slot_mapping=slots,
-            table_generations=generations, copies=np.empty((0, 2), np.int32),
+            table_generations=generations, copies=_NO_COPIES,
             writes=tuple(written.tolist()), _on_complete=self._complete,
             _generation_of=lambda: pool.B[ROW["gen"], :pool.num_blocks], seq=L,
             block_size=self.block_size)
         self._inflight[L] = launch
+        self._written[L] = written
         return launch
 
     def _complete(self, launch: Launch, strict: bool) -> None:
@@ -317,13 +388,23 @@ class NativeAllocator(RequestBook):
                 if strict:
                     raise LaunchAlreadyCompleted(f"{launch!r} already completed")
                 return
-            pool = self.pool
-            if launch.writes:
-                pool.end_write_many(np.fromiter(launch.writes, np.int64, len(launch.writes)))
-            pool.complete(launch.seq)
+            pool, L = self.pool, launch.seq
+            written = self._written[L]
+            failed, refused, advanced = self.mod.complete_launch(
+                pool.B, pool.M, pool.H, pool.K, pool.X, written, len(written), L)
+            if pool.checked:
+                pool._check_touched("end_write", written,
+                                    len(written) if failed < 0 else failed)
+            if failed >= 0:
+                pool._refuse("end_write", b=int(written[failed]))
+            if refused:
+                pool._refuse("complete", L=L)
+            pool._check_clock("complete", L)
             launch.completed = True
-            self._inflight.pop(launch.seq, None)
-            pool.advance_watermark()
+            del self._inflight[L], self._written[L]
+            if advanced:
+                pool._check_clock("advance", None)
+                pool._drain()
 
     @property
     def inflight(self) -> tuple[Launch, ...]:
@@ -376,17 +457,32 @@ class NativeAllocator(RequestBook):
 
     def _cache_filled(self, reqs: list[_NativeRequest], filled: list[list[int]]) -> None:
         """The full blocks the commits completed enter the prefix cache (spec: commit), each
-        PUBLISHED one whose hash is not cached yet, request by request in order."""
-        pool = self.pool
-        state = pool.B[ROW["state"]]
+        PUBLISHED one whose hash is not cached yet, request by request in order (one native
+        loop over all of them)."""
+        pool, T = self.pool, self.T
+        blocks: list[int] = []
+        holders: list[int] = []
+        digests: list[int] = []
         for i, first, full in filled:
             req = reqs[i]
-            blocks = self.T[req.row, first:full].tolist()
-            hashes = req.hashes
-            mine = [(b, hashes[first + k]) for k, b in enumerate(blocks)
-                    if state[b] == PUBLISHED and pool.lookup(hashes[first + k]) is None]
-            if mine:
-                pool.commit_many(req.rid, [b for b, _ in mine], [h for _, h in mine])
+            blocks += T[req.row, first:full].tolist()
+            holders += [int(self.R[self._R_HOLDER, req.row])] * (full - first)
+            digests += req.hashes[first:full]
+        intern = pool._hash_slot
+        slots = [intern(h) for h in digests]
+        n = len(blocks)
+        done = np.empty(n, np.int64)
+        bs = np.array(blocks, np.int64)
+        failed = self.mod.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X, bs,
+                                        np.array(holders, np.int64), np.array(slots, np.int64),
+                                        n, done)
+        for slot in slots:
+            pool._release_hash(slot)  # the digest of a block not committed goes
+        if pool.checked:
+            pool._check_touched("commit", bs, n if failed < 0 else failed)
+        if failed >= 0:
+            holder = next(r for r, slot in pool._slot.items() if slot == holders[failed])
+            pool._refuse("commit", b=blocks[failed], r=holder, h=digests[failed])
 
     # ---- frees ----------------------------------------------------------------------------------
     @_locked

@@ -19,6 +19,7 @@ default ``~/.cache/pagedkv``) so that numba's own cache keeps later imports fast
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import os
@@ -42,7 +43,6 @@ from pagedkv.spec import (
     RECLAIMED,
     TRANSITIONS,
     WATERMARK,
-    Overlay,
     PoolState,
     Transition,
 )
@@ -62,7 +62,7 @@ from .pool import (
     clock_invariants,
     local_invariants,
 )
-from .storage import PoolStorage, _Members
+from .storage import PoolStorage
 from .table import MAX_COUNT, check_block_size, check_count, check_int
 
 ROW, CLOCK0, COUNT0 = ns.ROW, ns.CLOCK0, ns.COUNT0
@@ -194,6 +194,24 @@ class _Holds:
         return _HoldsOf(self._pool, self._pool._slot.get(r, UNKNOWN_HOLDER))
 
 
+class _Launches:
+    """The spec's ``inflight``: ``m[L]``, whether launch L is in flight (the native set in
+    ``M``); ``items()`` yields ``(L, True)`` for each, in order."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: NativePool) -> None:
+        self._pool = pool
+
+    def __getitem__(self, L: Any) -> bool:
+        if type(L) is not int and not isinstance(L, np.integer):
+            return False  # no launch number (the spec reads only ints)
+        return bool(self._pool.mod.has_launch(self._pool.M, L))
+
+    def items(self) -> Any:
+        return ((L, True) for L in sorted(self._pool.launches()))
+
+
 class NativePool:
     """Physical blocks, their lifecycle states, the eviction queue and the prefix-hash map, in
     NumPy arrays; batches of spec transitions run as native loops. Not thread-safe, as
@@ -221,7 +239,8 @@ class NativePool:
         B[ROW["queued"], :n] = 1  # every block FREE and queued in id order, 0 at the head
         B[ROW["next"]] = np.arange(1, n + 2) % (n + 1)
         B[ROW["prev"]] = (np.arange(n + 1) - 1) % (n + 1)
-        self.M = np.zeros(ns.META_SIZE, np.int64)
+        self.M = np.zeros(ns.LAUNCHES0 + 16, np.int64)
+        self.M[ns.LAUNCHES0:] = ns.LAUNCH_EMPTY
         self.M[COUNT0 + FREE] = n
         self.M[ns.QLEN] = n
         self.M[ns.BLOCK_SIZE] = block_size
@@ -233,7 +252,6 @@ class NativePool:
         self._hslot: dict[int, int] = {}
         self._digest: list[int] = [NO_HASH] * len(self.X)
         self._free_hslots = list(range(len(self.X) - 1, 0, -1))
-        self.inflight: set[int] = set()
         self.retire_queue: deque[tuple[int, int]] = deque()
         # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).
         self._scratch = np.empty((3, 64), np.int64)
@@ -245,7 +263,7 @@ class NativePool:
             hash=_HashRow(self), hmap=_HashMap(self), alive=_Holder(self, 0),
             nheld=_Holder(self, 1), holds=_Holds(self),
             count=self.M[COUNT0:COUNT0 + CLOCK0], clock=self.M[CLOCK0:CLOCK0 + 2],
-            inflight=_Members(self.inflight), block_size=block_size, num_blocks=n,
+            inflight=_Launches(self), block_size=block_size, num_blocks=n,
             block_ids=range(n),  # type: ignore[arg-type]
             holder_ids=self._slot.keys(),  # type: ignore[arg-type]
         )
@@ -350,35 +368,45 @@ class NativePool:
             failed = next(inv for inv, ok in zip(invs, values, strict=True) if not ok)
             raise InvariantViolation(failed.name, f"after {name}, at block {b}")
 
-    def _interpreted(self, name: str, **params: Any) -> None:
-        """A launch-clock transition (launch, complete, advance): the spec's guard and effect,
-        interpreted on the view; the effect's writes (clock, launches in flight) applied."""
-        t = self.spec[name]
-        if not t.guard(CONCRETE, self.view, **params):
-            self._refuse(name, **params)
-        post = t.effect(CONCRETE, self.view, **params)
-        writes = {f: getattr(post, f).changes() for f in ARRAY_FIELDS
-                  if isinstance(getattr(post, f), Overlay)}
-        for field in writes:  # checked before anything is written
-            if field not in ("clock", "count", "inflight") and (field not in ROW
-                                                                or field == "hash"):
-                raise NativeUnavailable(f"{name} writes {field}: not a launch-clock field")
-        for field, changes in writes.items():
-            for k, v in changes.items():
-                if field == "clock":
-                    self.M[CLOCK0 + k] = v
-                elif field == "count":
-                    self.M[COUNT0 + k] = v
-                elif field == "inflight":
-                    (self.inflight.add if v else self.inflight.discard)(k)
-                else:
-                    self.B[ROW[field], k] = v
+    def _clock_step(self, name: str, L: int | None = None) -> None:
+        """A launch-clock transition (launch, complete), natively: the spec's guard and effect;
+        in checked mode the clock invariants are evaluated after it."""
+        P = self._one
+        if L is not None:
+            P[0, 0] = L
+        if getattr(self.mod, f"run_{name}")(self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
+            self._refuse(name, **({} if L is None else {"L": L}))
+        self._check_clock(name, L)
+
+    def _check_clock(self, name: str, L: int | None) -> None:
         if self.checked:
             for inv in clock_invariants():
-                at = params.get("L", int(self.M[CLOCK0 + WATERMARK]))
+                at = int(self.M[CLOCK0 + WATERMARK]) if L is None else L
                 args = () if inv.scope == "pool" else (at,)
                 if not inv.pred(CONCRETE, self.view, *args):
                     raise InvariantViolation(inv.name, f"after {name}")
+
+    def _room_for_launch(self) -> None:
+        """The launch set can take one more launch at a load of at most one half (rehashed
+        into fresh cells, doubled while the live launches fill a quarter)."""
+        M = self.M
+        cap = len(M) - ns.LAUNCHES0
+        if 2 * (M[ns.LAUNCH_USED] + 1) <= cap:
+            return
+        live = self.mod.launch_members(M, np.empty(cap, np.int64))
+        while 4 * (live + 1) > cap:
+            cap *= 2
+        new = np.full(ns.LAUNCHES0 + cap, ns.LAUNCH_EMPTY, np.int64)
+        new[:ns.LAUNCHES0] = M[:ns.LAUNCHES0]
+        self.mod.rehash_launches(M, new)
+        self.M = new
+        self.view = dataclasses.replace(
+            self.view, count=new[COUNT0:COUNT0 + CLOCK0], clock=new[CLOCK0:CLOCK0 + 2])
+
+    def launches(self) -> set[int]:
+        """The launches in flight."""
+        out = np.empty(len(self.M) - ns.LAUNCHES0, np.int64)
+        return set(out[:self.mod.launch_members(self.M, out)].tolist())
 
     # ---- holders ---------------------------------------------------------------------------------
     def open_holder(self, r: Hashable) -> None:
@@ -557,21 +585,23 @@ class NativePool:
     # ---- the launch clock ------------------------------------------------------------------------
     def launch(self) -> int:
         """Number the next launch (it may read every block held now); returns its number."""
+        self._room_for_launch()
         L = int(self.M[CLOCK0 + ISSUED])
-        self._interpreted("launch", L=L)
+        self._clock_step("launch", L)
         return L
 
     def complete(self, L: int) -> None:
-        self._interpreted("complete", L=check_count(L, "launch number"))
+        self._clock_step("complete", check_count(L, "launch number"))
 
     def advance_watermark(self) -> int:
-        """Advance the watermark past every completed launch below the oldest one in flight,
-        draining the retire queue as it moves (``BlockPool.advance_watermark``)."""
-        guard, n = self.spec["advance"].guard, 0
-        while guard(CONCRETE, self.view):
-            self._interpreted("advance")
+        """Advance the watermark past every completed launch below the oldest one in flight
+        (one native loop of the spec's ``advance``), then drain the retire queue up to it
+        (``BlockPool.advance_watermark`` drains at each step: the same blocks, in the same
+        order, as the queue's stamps increase)."""
+        n = self.mod.advance_while(self.B, self.M, self.H, self.K, self.X)
+        if n:
+            self._check_clock("advance", None)
             self._drain()
-            n += 1
         return n
 
     def _drain(self) -> None:
@@ -660,7 +690,7 @@ class NativePool:
         p.clock[:] = self.M[CLOCK0:CLOCK0 + 2].tolist()
         p.hmap.update({d: int(self.X[s]) for d, s in self._hslot.items()
                        if self.X[s] != NO_BLOCK})
-        p.inflight.update(self.inflight)
+        p.inflight.update(self.launches())
         for r, slot in self._slot.items():
             if self.H[0, slot]:
                 p.held[r] = self.held_by(r)
@@ -695,7 +725,9 @@ class NativePool:
         self.M[COUNT0:COUNT0 + CLOCK0] = p.count
         self.M[CLOCK0:CLOCK0 + 2] = p.clock
         self.M[ns.QLEN] = p.queue.length
-        self.inflight.update(p.inflight)
+        for L in sorted(p.inflight):
+            self._room_for_launch()
+            self.mod.add_launch(self.M, L)
         self._room_for_keys(sum(len(bs) for bs in p.held.values()))
         for r, bs in p.held.items():
             slot = self._slot[r]
@@ -726,7 +758,7 @@ class NativePool:
 # ---- the self-check: generated code against the interpreted spec -------------------------------
 _PROBE_VALUES = {"b": (-1, *_PROBE_BY_KIND["block"], 6), "r": _PROBE_BY_KIND["holder"],
                  "w": _PROBE_BY_KIND["slots"], "k": _PROBE_BY_KIND["slots"],
-                 "h": _PROBE_BY_KIND["hash"]}
+                 "h": _PROBE_BY_KIND["hash"], "L": (-1, *_PROBE_BY_KIND["launch"], 5)}
 
 
 def _bare(mod: ModuleType, p: PoolStorage) -> NativePool:
@@ -743,7 +775,7 @@ def _same(pool: NativePool, want: PoolStorage, nheld: dict[Any, int]) -> bool:
     hold)."""
     got = pool.storage()
     fields = ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "queued",
-              "count", "clock", "held")
+              "count", "clock", "held", "inflight")
     nheld_ok = all(pool.H[1, s] == nheld[r] for r, s in pool._slot.items())
     hmap_ok = got.hmap == {h: b for h, b in want.hmap.items() if b != NO_BLOCK}
     return nheld_ok and hmap_ok and all(getattr(got, f) == getattr(want, f) for f in fields)

@@ -6,7 +6,8 @@ A native pool (``native_pool.NativePool``) keeps the spec's fields in five NumPy
   ``queued``) and the eviction queue's links (``prev``, ``next``); column ``num_blocks`` is
   the queue's sentinel, never a block of the pool;
 - ``M``, int64: the per-state ``count`` (from ``COUNT0``), the ``clock`` (from ``CLOCK0``), then
-  the pool's own ``CACHED_BUSY``, ``QLEN`` and ``BLOCK_SIZE``;
+  the pool's own ``CACHED_BUSY``, ``QLEN``, ``BLOCK_SIZE`` and ``LAUNCH_USED``, then from
+  ``LAUNCHES0`` the ``inflight`` launches, an open-addressing set (``native_clock.py``);
 - ``H``, int64 ``[2, holders]``: per holder slot, ``alive`` and ``nheld``;
 - ``K``, int64: the ``holds`` relation, an open-addressing set of ``(holder << 32) | block``;
 - ``X``, int64: the ``hmap``, per hash slot the block registered under it (``NO_BLOCK``).
@@ -18,7 +19,8 @@ built: what runs is the spec's own guard and effect. ``module_source`` writes th
 ``g_<name>`` (guard) and ``e_<name>`` (effect: every value it stores is read into a local
 first, on the pre-state, as the spec's effect reads its pre-state) per transition, plus
 ``run_<name>`` (guard then effect per column of a parameter matrix, stopping at the first
-refusal), the fused local invariants, and the pool's policy loops (``native_policy.py``).
+refusal), the fused local invariants, and the pool's policy loops (``native_policy.py``,
+``native_clock.py``).
 """
 
 from __future__ import annotations
@@ -48,13 +50,16 @@ ROWS = (*BLOCK_FIELDS, "prev", "next")
 ROW = {name: i for i, name in enumerate(ROWS)}
 COUNT0 = 0
 CLOCK0 = len(ALL_STATES)
-CACHED_BUSY, QLEN, BLOCK_SIZE = range(CLOCK0 + 2, CLOCK0 + 5)
-META_SIZE = CLOCK0 + 5
+CACHED_BUSY, QLEN, BLOCK_SIZE, LAUNCH_USED = range(CLOCK0 + 2, CLOCK0 + 6)
+META_SIZE = CLOCK0 + 6
+LAUNCHES0 = META_SIZE  # the launches in flight: an open-addressing set in M's cells from here
 EMPTY_KEY, TOMB_KEY = -1, -2
+LAUNCH_EMPTY, LAUNCH_TOMB = -(2**63), -(2**63) + 1
 
-# Transitions a batch runs natively (the launch clock's own three run interpreted, once each).
+# Every transition of the spec runs natively.
 NATIVE = ("allocate", "publish", "begin_write", "end_write", "rewind", "commit", "share",
-          "release", "evict", "recycle", "open_holder", "close_holder")
+          "release", "evict", "recycle", "open_holder", "close_holder", "launch", "complete",
+          "advance")
 
 
 def read(field: str, *keys: str) -> str:
@@ -73,6 +78,8 @@ def read(field: str, *keys: str) -> str:
         return f"H[1, {keys[0]}]"
     if field == "holds":
         return f"has_key(K, {keys[0]}, {keys[1]})"
+    if field == "inflight":
+        return f"has_launch(M, {keys[0]})"
     raise _Unsupported(f"{field} has no native storage")
 
 
@@ -151,6 +158,17 @@ def effect_lines(t: Transition) -> list[str]:
             continue
         if not isinstance(arr, _SymStore):
             raise _Unsupported(f"{field} is not a store chain")
+        if field == "inflight":  # a set: membership stored
+            for k, v in arr.entries():
+                k = local(k)
+                if v in ("True", "False"):
+                    op = "add_launch" if v == "True" else "discard_launch"
+                    stores.append(f"    {op}(M, {k})")
+                else:
+                    v = local(f"bool({v})")
+                    stores.append(f"    if {v}:\n        add_launch(M, {k})\n"
+                                  f"    else:\n        discard_launch(M, {k})")
+            continue
         for k, v in arr.entries():  # oldest first: a later store to the same cell wins
             k, v = local(k), local(v)
             stores.append(f"    {_target(field, k)} = {v}")
@@ -219,12 +237,15 @@ def _constants() -> str:
     lines += [f"ROW_{name.upper()} = {i}" for i, name in enumerate(ROWS)]
     lines += [f"CLOCK0 = {CLOCK0}", f"COUNT0 = {COUNT0}", f"CACHED_BUSY = {CACHED_BUSY}",
               f"QLEN = {QLEN}", f"BLOCK_SIZE = {BLOCK_SIZE}",
+              f"LAUNCH_USED = {LAUNCH_USED}", f"LAUNCHES0 = {LAUNCHES0}",
+              f"LAUNCH_EMPTY = {LAUNCH_EMPTY}", f"LAUNCH_TOMB = {LAUNCH_TOMB}",
               f"EMPTY_KEY = {EMPTY_KEY}", f"TOMB_KEY = {TOMB_KEY}"]
     return "\n".join(lines) + "\n"
 
 
 POLICY = Path(__file__).with_name("native_policy.py")
 STEPS = Path(__file__).with_name("native_steps.py")
+CLOCK = Path(__file__).with_name("native_clock.py")
 
 # Every function is compiled without numba's reference counting: none of them allocates, and
 # counting the arrays passed from call to call costs tens of nanoseconds per call (atomics),
@@ -268,7 +289,7 @@ def module_source(spec: dict[str, Transition], invariants: list[Any],
     assert NO_BLOCK == -1
     if rules is None:
         rules = (REQUEST_SPEC.commit_bounds, REQUEST_SPEC.slots_written)
-    parts = [_HEADER, _constants(), POLICY.read_text()]
+    parts = [_HEADER, _constants(), POLICY.read_text(), CLOCK.read_text()]
     parts += [transition_source(spec[name]) for name in NATIVE]
     parts.append(invariants_source(invariants))
     parts += [rules_source(*rules), STEPS.read_text()]

@@ -27,7 +27,7 @@ R_FIELDS = 7
 
 (STEP_OK, STEP_SHRINKS, STEP_EMPTY_TABLE, STEP_NO_ROOM, STEP_REFUSED, STEP_NOTHING_ALLOCATED,
  STEP_SHARED_WRITE, STEP_BELOW_COMPUTED, STEP_NOT_ISSUED, STEP_NOT_KNOWN, STEP_PENDING,
- STEP_TOO_WIDE) = range(12)
+ STEP_TOO_WIDE, STEP_ROLLBACK) = range(13)
 
 
 @njit(cache=True, inline="always")
@@ -41,8 +41,8 @@ def grow_many(B, M, H, K, X, R, T, rows, targets, n, S, grown):
     cover ``targets[i]`` positions, taking new blocks from the queue's head (evicting cached
     ones on the way, as ``take_many``). Every request is checked first and the room for all of
     them planned (``usable``: FREE, idle cached): a refusal changes nothing. ``grown[i]``: the
-    entries request i added. Returns (refused request or -1, ``STEP_*``, blocks needed,
-    hash slots evicted: row 0 of ``S``, blocks touched: row 2)."""
+    entries request i added. Returns (refused request or -1, ``STEP_*``, blocks needed or the
+    refused block, hash slots evicted: row 0 of ``S``, blocks touched: row 2)."""
     Bsz = M[BLOCK_SIZE]
     need_all = 0
     for i in range(n):
@@ -58,6 +58,45 @@ def grow_many(B, M, H, K, X, R, T, rows, targets, n, S, grown):
             need_all += need
     if need_all > M[COUNT0 + FREE] + M[COUNT0 + CACHED] - M[CACHED_BUSY]:
         return -1, STEP_NO_ROOM, need_all, 0, 0
+    return _grow(B, M, H, K, X, R, T, rows, targets, n, S, grown)
+
+
+@njit(cache=True)
+def grow_running(B, M, H, K, X, R, T, rows, bases, counts, n, S, grown, targets):
+    """A scheduler's running pass (``KVCacheManager.allocate_slots_many``): request
+    ``rows[i]``, ``bases[i]`` positions computed, grows by ``counts[i]`` new ones, to cover
+    ``max(bases[i] + counts[i], reserved)`` positions (into ``targets``), in order, as long as
+    the blocks it needs are usable then; the first that does not fit and those after it are
+    unchanged. Refused, changing nothing: a non-empty table whose request has fewer positions
+    computed than issued (a rollback: ``BlockAllocator.truncate``). Returns (requests grown or
+    the refused one, ``STEP_*``, the refused block, evicted hash slots, touched blocks)."""
+    Bsz = M[BLOCK_SIZE]
+    for i in range(n):
+        r = rows[i]
+        if R[R_TLEN, r] == 0:
+            return i, STEP_EMPTY_TABLE, 0, 0, 0
+        if bases[i] < R[R_ISSUED, r]:
+            return i, STEP_ROLLBACK, 0, 0, 0
+        targets[i] = max(bases[i] + counts[i], R[R_RESERVED, r])
+    room = M[COUNT0 + FREE] + M[COUNT0 + CACHED] - M[CACHED_BUSY]
+    fit = n
+    for i in range(n):
+        need = _cdiv(targets[i], Bsz) - R[R_TLEN, rows[i]]
+        if need > 0:
+            if need > room:
+                fit = i
+                break
+            room -= need
+    i, status, refused, nev, nt = _grow(B, M, H, K, X, R, T, rows, targets, fit, S, grown)
+    if status != STEP_OK:
+        return i, status, refused, nev, nt
+    return fit, STEP_OK, -1, nev, nt
+
+
+@njit(cache=True)
+def _grow(B, M, H, K, X, R, T, rows, targets, n, S, grown):
+    """The growth of ``rows[:n]`` to ``targets`` (planned: it fits)."""
+    Bsz = M[BLOCK_SIZE]
     for i in range(n):  # the caller widened the rows for every table that fits
         if _cdiv(targets[i], Bsz) > T.shape[1]:
             return i, STEP_TOO_WIDE, 0, 0, 0
@@ -83,30 +122,50 @@ def grow_many(B, M, H, K, X, R, T, rows, targets, n, S, grown):
             grown[i] = need
         if t > R[R_RESERVED, r]:
             R[R_RESERVED, r] = t
-    return -1, STEP_OK, need_all, nev, nt
+    return -1, STEP_OK, -1, nev, nt
 
 
 @njit(cache=True)
 def launch_plan(B, M, H, K, X, R, T, rows, n):
     """What publishing ``rows[:n]`` writes, changing nothing: (refused request or -1,
-    ``STEP_*``, positions written, blocks written). Refused: a request with no positions
-    allocated, or one whose first written block is shared (a copy would be needed: only
-    ``BlockAllocator`` copies on write)."""
+    ``STEP_*``, positions written, blocks written, the longest table). Refused: a request
+    with no positions allocated, or one whose first written block is shared (a copy would be
+    needed: only ``BlockAllocator`` copies on write)."""
     Bsz = M[BLOCK_SIZE]
     npos = 0
     nblocks = 0
+    longest = 0
     for i in range(n):
         r = rows[i]
+        longest = max(longest, R[R_TLEN, r])
         reserved = R[R_RESERVED, r]
         issued = R[R_ISSUED, r]
         if reserved == 0:
-            return i, STEP_NOTHING_ALLOCATED, 0, 0
+            return i, STEP_NOTHING_ALLOCATED, 0, 0, 0
         if issued < reserved:
             if issued % Bsz != 0 and B[ROW_REF, T[r, issued // Bsz]] > 1:
-                return i, STEP_SHARED_WRITE, 0, 0
+                return i, STEP_SHARED_WRITE, 0, 0, 0
             npos += reserved - issued
             nblocks += _cdiv(reserved, Bsz) - issued // Bsz
-    return -1, STEP_OK, npos, nblocks
+    return -1, STEP_OK, npos, nblocks, longest
+
+
+@njit(cache=True)
+def launch_tables(B, R, T, rows, n, tables, generations):
+    """The launch's block tables (int32, ``tables.shape[1]`` wide, -1 past each table's end)
+    and the generation of each entry's block (-1 in the padding)."""
+    width = tables.shape[1]
+    for i in range(n):
+        r = rows[i]
+        tlen = R[R_TLEN, r]
+        for j in range(width):
+            if j < tlen:
+                b = T[r, j]
+                tables[i, j] = b
+                generations[i, j] = B[ROW_GEN, b]
+            else:
+                tables[i, j] = -1
+                generations[i, j] = -1
 
 
 @njit(cache=True)
@@ -201,3 +260,60 @@ def commit_scan(B, M, H, K, X, R, T, rows, news, n, filled):
             filled[2, nf] = full
             nf += 1
     return -1, STEP_OK, -1, nf
+
+
+@njit(cache=True)
+def launch_rows(B, M, H, K, X, R, T, rows, n, slots, starts, lens, written, tables,
+                generations):
+    """``publish_rows``, the spec's ``launch`` (numbered ``clock[ISSUED]``), ``write_rows``
+    and ``launch_tables`` in one call (what ``BlockAllocator.publish`` does, in its order:
+    the new blocks published, the launch numbered, then the writes marked). Returns (the
+    stage refused: 0 none, 1 publish, 2 launch, 3 begin_write; the refused request, block and
+    write, the launch number, blocks written)."""
+    i, b = publish_rows(B, M, H, K, X, R, T, rows, n)
+    if i >= 0:
+        return 1, i, b, 0, -1, 0
+    L = M[CLOCK0 + ISSUED]
+    if not g_launch(B, M, H, K, X, L):
+        return 2, -1, -1, 0, L, 0
+    e_launch(B, M, H, K, X, L)
+    i, b, w, npos, nw = write_rows(B, M, H, K, X, R, T, rows, n, slots, starts, lens,
+                                   written)
+    if i >= 0:
+        return 3, i, b, w, L, nw
+    launch_tables(B, R, T, rows, n, tables, generations)
+    return 0, -1, -1, 0, L, nw
+
+
+@njit(cache=True)
+def complete_launch(B, M, H, K, X, written, n, L):
+    """A launch's completion (``BlockAllocator``'s): the spec's ``end_write`` of each block
+    it wrote (each recycled if it can be then), its ``complete``, then ``advance`` while the
+    guard holds. Returns (-1 or the index of the refused write, whether ``complete`` was
+    refused, how many times the watermark advanced)."""
+    done = end_write_many(B, M, H, K, X, written, n)
+    if done < n:
+        return done, False, 0
+    if not g_complete(B, M, H, K, X, L):
+        return -1, True, 0
+    e_complete(B, M, H, K, X, L)
+    return -1, False, advance_while(B, M, H, K, X)
+
+
+@njit(cache=True)
+def commit_blocks(B, M, H, K, X, blocks, holders, hslots, n, done):
+    """The spec's ``commit`` of each block whose commit is due (``BlockAllocator``'s
+    caching at commit): a PUBLISHED block whose hash is not registered yet, in order (so a
+    block of a later request with a hash an earlier one just registered is skipped).
+    ``done[i]``: whether block i was committed. Returns the refused index or -1."""
+    for i in range(n):
+        b = blocks[i]
+        h = hslots[i]
+        done[i] = 0
+        if B[ROW_STATE, b] != PUBLISHED or X[h] != NO_BLOCK:
+            continue
+        if not g_commit(B, M, H, K, X, b, holders[i], h):
+            return i
+        e_commit(B, M, H, K, X, b, holders[i], h)
+        done[i] = 1
+    return -1

@@ -55,7 +55,9 @@ def runners() -> dict[str, Callable[..., dict[str, float]]]:
     return {"vllm": partial(one_round, vllm_kv.make), "pagedkv": partial(one_round, make),
             "pagedkv checked": partial(one_round, make_checked),
             "step-level": partial(one_round_step_level, False),
-            "step-level checked": partial(one_round_step_level, True)}
+            "step-level checked": partial(one_round_step_level, True),
+            "native step-level": partial(one_round_step_level, False, native=True),
+            "native step-level checked": partial(one_round_step_level, True, native=True)}
 
 
 def pool_blocks(n: int, steps: int, prompt: int, block_size: int) -> int:
@@ -107,13 +109,16 @@ def one_round(factory: Callable[..., Any], n: int, steps: int, prompt: int, bloc
 
 
 def one_round_step_level(checked: bool, n: int, steps: int, prompt: int, block_size: int,
-                         seed: int) -> dict[str, float]:
+                         seed: int, *, native: bool = False) -> dict[str, float]:
     """``one_round``'s prompts and decode steps through ``BlockAllocator``'s step-level calls
-    (see the module docstring); ``step`` has no call there."""
+    (see the module docstring), or with ``native`` through ``NativeAllocator``'s (the same
+    calls, as native loops); ``step`` has no call there."""
     from pagedkv.allocator import BlockAllocator
+    from pagedkv.allocator.native_allocator import NativeAllocator
 
-    alloc = BlockAllocator(pool_blocks(n, steps, prompt, block_size), block_size,
-                           prefix_caching=True, checked=checked)
+    alloc = (NativeAllocator if native else BlockAllocator)(
+        pool_blocks(n, steps, prompt, block_size), block_size, prefix_caching=True,
+        checked=checked)
     rng = random.Random(seed)
     rids = [f"r{i}" for i in range(n)]
     for r in rids:

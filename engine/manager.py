@@ -127,6 +127,19 @@ def _count(value: Any, name: str) -> int:
     return value
 
 
+def does_not_fit(block_size: int, usable: int, num_tokens: int, target: int, have: int,
+                 extra: int, full_sequence_must_fit: bool, reserved_blocks: int) -> bool:
+    """Whether growing a request of ``num_tokens`` tokens to ``target`` positions (with
+    ``full_sequence_must_fit``: to its whole sequence too) needs more blocks than are
+    ``usable``: the blocks beyond the ``have`` it holds or takes as hits, plus ``extra`` (idle
+    hits it revives, the watermark), against the usable ones (less ``reserved_blocks``).
+    vLLM's ``allocate_slots`` capacity check, for every front door."""
+    if (full_sequence_must_fit
+            and max(_cdiv(num_tokens, block_size) - have, 0) + extra > usable):
+        return True
+    return max(_cdiv(target, block_size) - have, 0) + extra > usable - reserved_blocks
+
+
 @dataclass(frozen=True, eq=True)
 class KVCacheBlocks:
     """Block ids handed to or taken from the scheduler (vLLM's ``KVCacheBlocks``, one group).
@@ -692,15 +705,8 @@ class KVCacheManager:
 
     def _does_not_fit(self, request: EngineRequest, target: int, have: int, extra: int,
                       full_sequence_must_fit: bool, reserved_blocks: int) -> bool:
-        """Whether growing the request to ``target`` positions (with
-        ``full_sequence_must_fit``: to its whole sequence too) needs more blocks than are
-        usable: the blocks beyond the ``have`` it holds or takes as hits, plus ``extra`` (idle
-        hits it revives, the watermark), against the usable ones (less ``reserved_blocks``)."""
-        B, usable = self.block_size, self._pool.usable()
-        if (full_sequence_must_fit
-                and max(_cdiv(request.num_tokens, B) - have, 0) + extra > usable):
-            return True
-        return max(_cdiv(target, B) - have, 0) + extra > usable - reserved_blocks
+        return does_not_fit(self.block_size, self._pool.usable(), request.num_tokens, target,
+                            have, extra, full_sequence_must_fit, reserved_blocks)
 
     def _allocate_slots(
         self,

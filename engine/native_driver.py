@@ -1,0 +1,334 @@
+"""A scheduler-call driver over ``NativeAllocator``: the native step path behind vLLM's calls.
+
+It has ``PagedKVDriver``'s calls (the vLLM anchor driver's ``step``, ``add``, ``allocate``,
+``commit``, ``append``, ``preempt``, ``free`` and the observation calls) and its step-level
+ones (``allocate_running``, ``commit_many``, ``append_many``), with the same decisions: the
+same prefix hits, admissions (``allocate_slots``' capacity check, ``does_not_fit``, with
+``full_sequence_must_fit``), running passes that stop at the first request that does not fit,
+preemptions, launches (the step's first commit publishes every request allocated since
+``step()`` and completes it; what it wrote, with known token ids, is committed and cached
+then) and the null block. ``tests/test_native_driver.py`` runs both on the anchor's traces and
+compares every result. What differs is where the work runs: each step-level call is one native
+loop over its requests (``NativeAllocator``), and the driver keeps per request only its
+status, its computed count and its token ids (the allocator's own list while it holds the
+request's table).
+
+Not covered (``PagedKVDriver`` / ``KVCacheManager`` have them): lookahead tokens, rollbacks
+(speculative decoding), KV events, watermarks, transfers. Needs numba (``pagedkv[native]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pagedkv.allocator.native_allocator import NativeAllocator
+from pagedkv.spec import ALLOCATED, CONCRETE, PUBLISHED, REFERENCED, takeable
+
+from .manager import does_not_fit
+from .request import RequestStatus, _as_token, _as_tokens
+
+_NULL = ("pagedkv", "null block")  # the null block's holder (no request id of the trace)
+
+
+class _Sequence:
+    """A request as the driver keeps it."""
+
+    __slots__ = ("rid", "tokens", "salt", "status", "computed", "preemptions", "pending")
+
+    def __init__(self, rid: Hashable, tokens: list[int], salt: str | None) -> None:
+        self.rid, self.tokens, self.salt = rid, tokens, salt
+        self.status = RequestStatus.WAITING
+        self.computed = 0
+        self.preemptions = 0
+        self.pending: list[int] | None = None  # the lookup's hits, for the next admission
+
+
+def make(num_blocks: int, block_size: int, enable_caching: bool = True, *,
+         max_num_batched_tokens: int = 8192, checked: bool = False) -> NativeDriver:
+    """A driver over a fresh ``NativeAllocator`` (``num_blocks`` includes the null block);
+    ``max_num_batched_tokens`` is accepted for the anchor's factory signature and unused."""
+    return NativeDriver(num_blocks, block_size, enable_caching, checked=checked)
+
+
+def make_checked(num_blocks: int, block_size: int, enable_caching: bool = True, *,
+                 max_num_batched_tokens: int = 8192) -> NativeDriver:
+    """``make`` in checked mode (the library's default)."""
+    return NativeDriver(num_blocks, block_size, enable_caching, checked=True)
+
+
+class NativeDriver:
+    """vLLM's scheduler calls over one ``NativeAllocator`` (see the module docstring)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, *,
+                 checked: bool = False) -> None:
+        if num_blocks < 2:
+            raise ValueError("num_blocks must be >= 2 with a null block")
+        self.alloc = NativeAllocator(num_blocks, block_size, prefix_caching=enable_caching,
+                                     checked=checked)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_caching = enable_caching
+        self.alloc.add_request(_NULL, [0])
+        if self.alloc.allocate(_NULL, 1) != [0]:  # pragma: no cover - queue order
+            raise AssertionError("the null block is not block 0")
+        self.requests: dict[Hashable, _Sequence] = {}
+        self._scheduled: dict[Hashable, None] = {}  # allocated this step, not launched yet
+        self._launched: set[Hashable] = set()  # covered by this step's launch
+        self._num_running = 0
+        self._stats = dict(lookups=0, requests=0, queries=0, hits=0,
+                           preempted_requests=0, preempted_queries=0, preempted_hits=0)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def add(self, rid: Any, token_ids: Any = None, cache_salt: str | None = None,
+            max_tokens: int = 1 << 30) -> int:
+        """A new request (with its ``token_ids``), or the lookup again of a waiting or
+        preempted one (``add(rid)``): the prefix hit tokens its admission takes."""
+        seq = self.requests.get(rid)
+        if seq is None:
+            if token_ids is None:
+                raise KeyError(f"unknown request {rid!r}: add() needs its token_ids")
+            seq = _Sequence(rid, _as_tokens(token_ids), cache_salt)
+            self.requests[rid] = seq
+        else:
+            if token_ids is not None or cache_salt is not None:
+                raise ValueError(f"request {rid!r} exists; re-add it with add(rid) only")
+            if seq.status == RequestStatus.RUNNING:
+                raise ValueError(f"request {rid!r} is running; preempt() it before re-adding")
+        alloc = self.alloc
+        with alloc._lock:
+            record = alloc._requests.get(rid)
+            if record is None:
+                record = alloc._register(rid, seq.tokens, seq.salt, ())
+                seq.tokens = record.tokens  # one list: the allocator's
+            seq.pending = alloc._hits(record)
+        self._stats["lookups"] += 1
+        return len(seq.pending) * self.block_size
+
+    def allocate(self, rid: Any, num_new_tokens: int) -> list[int] | None:
+        """Admit a waiting request (its lookup's hits and ``num_new_tokens`` more, if its whole
+        sequence fits), or grow a running one: the new block ids, or None if they do not fit
+        (nothing changed)."""
+        seq = self.requests[rid]
+        if seq.status == RequestStatus.RUNNING:
+            got = self.allocate_running([rid], [num_new_tokens])
+            return got[0] if got else None
+        if seq.pending is None:
+            raise RuntimeError(f"request {rid!r} is waiting: call add({rid!r}) right before "
+                               "allocate()")
+        given, seq.pending = seq.pending, None
+        n = _plain_count(num_new_tokens, "num_new_tokens")
+        alloc, B = self.alloc, self.block_size
+        pool = alloc.pool
+        hits_tokens = len(given) * B
+        target = hits_tokens + n
+        if n == 0 and hits_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                             "computed tokens to adopt")
+        usable = pool.usable()
+        if does_not_fit(B, usable, len(seq.tokens), target, len(given), 0, True, 0):
+            return None
+        with alloc._lock:
+            record = alloc._requests[rid]
+            hits = alloc._hits(record)
+            if hits != given:
+                return None  # the lookup went stale: add(rid) again
+            idle = sum(1 for b in hits if takeable(CONCRETE, pool.view, b))
+            if does_not_fit(B, usable, len(seq.tokens), target, len(given), idle, True, 0):
+                return None
+            added = alloc._admit(record, target, hits)
+        self._schedule(rid)
+        s = self._stats
+        pre = "preempted_" if seq.preemptions > 0 else ""
+        s[pre + "requests"] += 1
+        s[pre + "queries"] += len(seq.tokens)
+        s[pre + "hits"] += hits_tokens
+        seq.status = RequestStatus.RUNNING
+        seq.computed = hits_tokens
+        self._num_running += 1
+        return added[len(given):]
+
+    def _schedule(self, rid: Hashable) -> None:
+        self._scheduled[rid] = None
+        self._launched.discard(rid)  # positions allocated after the launch need another
+
+    def commit(self, rid: Any, num_computed_tokens: int) -> None:
+        self.commit_many([(rid, num_computed_tokens)])
+
+    def append(self, rid: Any, token: int) -> None:
+        self.append_many([(rid, token)])
+
+    # ---- step-level calls ------------------------------------------------------------------
+    def allocate_running(self, rids: Sequence[Any], num_new_tokens: Sequence[int]
+                         ) -> list[list[int]]:
+        """Grow each running request by its new tokens, in order, stopping at the first that
+        does not fit (one native loop): the new block ids of each one grown."""
+        requests = self.requests
+        seqs = [requests[rid] for rid in rids]
+        counts = list(num_new_tokens)
+        if len(counts) != len(seqs):
+            raise ValueError(f"allocate_running: {len(seqs)} requests but {len(counts)} "
+                             "token counts")
+        for seq in seqs:
+            if seq.status != RequestStatus.RUNNING:
+                raise ValueError(f"request {seq.rid!r} is not running (admit it with add() "
+                                 "and allocate())")
+        for i, n in enumerate(counts):
+            if type(n) is not int or n <= 0:
+                counts[i] = n = _plain_count(n, "num_new_tokens")
+                if n == 0:
+                    raise ValueError("allocate_running: num_new_tokens must be > 0")
+        if len(set(rids)) != len(seqs):
+            raise ValueError("allocate_running: a request appears twice")
+        alloc = self.alloc
+        with alloc._lock:
+            got = alloc.grow_running([alloc._requests[s.rid] for s in seqs],
+                                     [s.computed for s in seqs], counts)
+        scheduled, launched = self._scheduled, self._launched
+        for seq in seqs[:len(got)]:
+            scheduled[seq.rid] = None
+            launched.discard(seq.rid)
+        return got
+
+    def commit_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
+        """The step ran: each ``(rid, n)`` counts ``n`` positions computed. The step's first
+        commit publishes every request allocated since ``step()`` as one launch and completes
+        it (its positions with known token ids are committed: cached if full); every pair is
+        checked first (``ValueError``: none is committed)."""
+        requests, alloc = self.requests, self.alloc
+        seqs = [requests[rid] for rid, _ in pairs]
+        news = [n for _, n in pairs]
+        with alloc._lock:
+            held = alloc._requests
+            rows = [held[seq.rid].row if seq.rid in held else -1 for seq in seqs]
+            reserved = alloc.R[alloc._R_RESERVED, rows].tolist()  # (row -1: not running)
+            for seq, n, top in zip(seqs, news, reserved, strict=True):
+                if seq.status != RequestStatus.RUNNING:
+                    raise ValueError(f"request {seq.rid!r} is not running")
+                if type(n) is not int or not seq.computed <= n <= min(len(seq.tokens), top):
+                    raise ValueError(
+                        f"request {seq.rid!r}: cannot commit {n!r} tokens (computed "
+                        f"{seq.computed}, tokens {len(seq.tokens)}, allocated {top})")
+            launched, scheduled = self._launched, self._scheduled
+            for seq, n in zip(seqs, news, strict=True):
+                if n > seq.computed and seq.rid not in launched:
+                    if seq.rid in scheduled:
+                        batch = list(scheduled)
+                        launched.update(scheduled)
+                        scheduled.clear()
+                    else:
+                        batch = [seq.rid]
+                    self._run_launch(batch)
+                seq.computed = n
+
+    def _run_launch(self, rids: list[Hashable]) -> None:
+        """One launch of ``rids``, completed at once; then each commits what it wrote whose
+        token ids were known (the manager's commit at completion)."""
+        alloc = self.alloc
+        launch = alloc.publish(rids)
+        launch.complete()
+        reqs = [alloc._requests[rid] for rid in rids]
+        known = alloc.R[alloc._R_KNOWN, alloc._rows_of(reqs)]
+        alloc._commit_rows(reqs, np.minimum(launch.seq_lens, known).tolist())
+
+    def append_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
+        """``append(rid, token)`` of each pair, each request once; all or nothing."""
+        alloc, requests = self.alloc, self.requests
+        with alloc._lock:
+            held = alloc._requests
+            try:  # the common case: every request holds its allocator record
+                records = [held[rid] for rid, _ in pairs]
+            except KeyError:
+                records = None
+            if records is not None and len({id(r) for r in records}) == len(records):
+                alloc.append_token_many(records, [t for _, t in pairs])
+                return
+            rids = [rid for rid, _ in pairs]
+            if len(set(rids)) != len(rids):
+                raise ValueError("append_many: a request appears twice")
+            tokens = [_as_token(t) for _, t in pairs]
+            alloc.append_token_many([held[rid] for rid in rids if rid in held],
+                                    [t for rid, t in zip(rids, tokens, strict=True) if rid in held])
+            for rid, t in zip(rids, tokens, strict=True):
+                if rid not in held:  # (no table: the allocator learns them at add)
+                    requests[rid].tokens.append(t)
+
+    def preempt(self, rid: Any) -> None:
+        seq = self.requests[rid]
+        if seq.status != RequestStatus.RUNNING:
+            raise ValueError(f"request {rid!r} is not running")
+        self.alloc.free(rid)
+        seq.status = RequestStatus.PREEMPTED
+        seq.computed = 0
+        seq.preemptions += 1
+        self._scheduled.pop(rid, None)
+        self._launched.discard(rid)
+        self._num_running -= 1
+
+    def free(self, rid: Any) -> None:
+        seq = self.requests.pop(rid)
+        self._scheduled.pop(rid, None)
+        self._launched.discard(rid)
+        if seq.status == RequestStatus.RUNNING:
+            self._num_running -= 1
+        seq.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        if rid in self.alloc._requests:
+            self.alloc.free(rid)
+
+    def step(self) -> None:
+        self._scheduled.clear()
+        self._launched.clear()
+
+    # ---- observation -----------------------------------------------------------------------
+    def block_ids(self, rid: Any) -> list[int]:
+        return self.alloc.block_table(rid) if rid in self.alloc._requests else []
+
+    def table_len(self, rid: Any) -> int:
+        return len(self.block_ids(rid))
+
+    def num_tokens(self, rid: Any) -> int:
+        return len(self.requests[rid].tokens)
+
+    def num_computed(self, rid: Any) -> int:
+        return self.requests[rid].computed
+
+    def status(self, rid: Any) -> str:
+        return self.requests[rid].status.name
+
+    def _held(self) -> int:
+        count = self.alloc.pool.view.count
+        return int(count[ALLOCATED] + count[PUBLISHED] + count[REFERENCED]) - 1
+
+    def usage(self) -> float:
+        return self._held() / (self.num_blocks - 1)
+
+    def num_free(self) -> int:
+        """Usable blocks no request holds (vLLM's free-queue length)."""
+        return self.num_blocks - 1 - self._held()
+
+    def num_evictable(self) -> int:
+        """Zero-ref cached blocks."""
+        from pagedkv.spec import CACHED
+
+        return int(self.alloc.pool.view.count[CACHED])
+
+    def prefix_stats(self) -> dict:
+        s: dict[str, Any] = dict(self._stats)
+        s["hit_rate"] = s["hits"] / s["queries"] if s["queries"] else 0.0
+        cached = len(self.alloc.pool._hslot)
+        s["cached_blocks"] = s["hash_entries"] = cached
+        s["evictable_cached_blocks"] = self.num_evictable()
+        return s
+
+
+def _plain_count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = int(value.__index__())
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+__all__ = ["NativeDriver", "make", "make_checked"]
