@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv.spec import CONCRETE, Transition, takeable
+from pagedkv.spec import Transition
 from pagedkv.spec.request_spec import REQUEST_SPEC, RequestSpec, as_request_spec
 
 from .allocator import (
@@ -192,8 +192,7 @@ class NativeAllocator(RequestBook):
         entries = -(-reserved // B)
         need = entries - len(hits)
         pool = self.pool
-        revived = sum(1 for b in hits if takeable(CONCRETE, pool.view, b))
-        available = pool.usable() - revived
+        available = pool.usable() - (self.count_takeable(hits) if hits else 0)
         if need > available:
             raise OutOfBlocks(need, available, pool.waiting())
         self._room_for_entries(entries)
@@ -263,33 +262,38 @@ class NativeAllocator(RequestBook):
 
     def _entries_added(self, reqs: Sequence[_NativeRequest], grown: np.ndarray,
                        n: int) -> list[list[int]]:
+        return self._entries_of_rows(self._rows_of(reqs[:n]), grown, n)
+
+    def _entries_of_rows(self, rows: np.ndarray, grown: np.ndarray, n: int) -> list[list[int]]:
+        """The entries each of ``rows[:n]`` just added (``grown[i]`` of them), as lists."""
         out: list[list[int]] = [[] for _ in range(n)]
         T, tlen = self.T, self.R[self._R_TLEN]
         for i in np.flatnonzero(grown[:n]).tolist():
-            row = reqs[i].row
+            row = int(rows[i])
             end = int(tlen[row])
             out[i] = T[row, end - int(grown[i]):end].tolist()
         return out
 
-    def grow_running(self, reqs: Sequence[_NativeRequest], bases: Sequence[int],
-                     counts: Sequence[int]) -> list[list[int]]:
+    def grow_running(self, rows: np.ndarray, bases: np.ndarray, counts: np.ndarray,
+                     rids: Sequence[Hashable]) -> list[list[int]]:
         """A scheduler's running pass in one native loop (``native_steps.grow_running``):
-        each request (a record of ``_requests``, its table non-empty), ``bases[i]`` positions
+        request ``rids[i]`` at row ``rows[i]`` (its table non-empty), ``bases[i]`` positions
         computed, grows by ``counts[i]`` new ones (to at least what it reserved), in order,
         stopping at the first whose new blocks are not usable then; returns the entries each
-        one grown added (shorter than ``reqs`` if one did not fit). Counts are checked plain
-        ints by the caller. Under the caller's lock."""
-        n = len(reqs)
+        one grown added (shorter than ``rows`` if one did not fit). int64 arrays, the counts
+        checked ints > 0 and the requests distinct (the caller's). Under the caller's lock."""
+        n = len(rows)
         targets = np.empty(n, np.int64)
-        widest = max(bases) + max(counts) if n else 0
-        self._room_for_entries(min(-(-widest // self.block_size), self.num_blocks))
+        if n:
+            widest = int(bases.max()) + int(counts.max())
+            self._room_for_entries(min(-(-widest // self.block_size), self.num_blocks))
         grown = np.empty(n, np.int64)
-        found = self.mod.grow_running(*self._arrays, self._rows_of(reqs),
-                                      np.array(bases, np.int64), np.array(counts, np.int64),
-                                      n, self._S, grown, targets)
-        self._after_growth(reqs, (-1 if found[1] == self.mod.STEP_OK else found[0],
-                                  *found[1:]))
-        return self._entries_added(reqs, grown, found[0])
+        found = self.mod.grow_running(*self._arrays, rows, bases, counts, n, self._S, grown,
+                                      targets)
+        ok = found[1] == self.mod.STEP_OK
+        self._after_growth([self._requests[rid] for rid in rids] if not ok else (),
+                           (-1 if ok else found[0], *found[1:]))
+        return self._entries_of_rows(rows, grown, found[0])
 
     @_locked
     def append_tokens(self, rid: Hashable, token_ids: Sequence[int]) -> None:
@@ -313,21 +317,34 @@ class NativeAllocator(RequestBook):
             self.R[self._R_KNOWN, self._rows_of([req for req, _ in checked])] = [
                 len(req.tokens) for req, _ in checked]
 
-    def append_token_many(self, reqs: Sequence[_NativeRequest], tokens: Sequence[Any]) -> None:
-        """One sampled token for each request record (each once: the caller's), as
-        ``append_tokens_many`` of one token each: every token is checked before any is
-        recorded. Under the caller's lock."""
-        for t in tokens:
-            if type(t) is not int or not _I64_MIN <= t <= _I64_MAX:
-                _check_tokens([t])  # InvalidArgument, saying why
-        B = self.block_size
+    def append_token_many(self, reqs: Sequence[_NativeRequest], tokens: Sequence[Any],
+                          rows: np.ndarray | None = None) -> None:
+        """One sampled token for each request record (each once: the caller's; ``rows``
+        their rows if the caller has them), as ``append_tokens_many`` of one token each:
+        every token is checked before any is recorded. Under the caller's lock."""
+        if tokens and (set(map(type, tokens)) != {int} or min(tokens) < _I64_MIN
+                       or max(tokens) > _I64_MAX):
+            _check_tokens(list(tokens))  # InvalidArgument, saying why
+        if not reqs:
+            return
         for req, t in zip(reqs, tokens, strict=True):
-            toks = req.tokens
-            toks.append(t)
-            if (len(req.hashes) + 1) * B <= len(toks):  # a block filled: hash it
-                self._extend_hashes(req)
-        if reqs:
-            self.R[self._R_KNOWN, self._rows_of(reqs)] += 1
+            req.tokens.append(t)
+        n = len(reqs)
+        if self._filled.shape[1] < n:
+            self._filled = np.empty((3, 2 * n), np.int64)
+        filled = self._filled[0]
+        nf = self.mod.count_known(self.pool.M, self.R,
+                                  self._rows_of(reqs) if rows is None else rows, n, filled)
+        for i in filled[:nf].tolist():  # their last token ended a block: hash it
+            self._extend_hashes(reqs[i])
+
+    def count_takeable(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` (ids of the pool) an allocation could take (the spec's
+        ``takeable``): prefix hits that are, are revived rather than taken."""
+        pool = self.pool
+        bs = np.array(blocks, np.int64)
+        return int(self.mod.count_takeable(pool.B, pool.M, pool.H, pool.K, pool.X, bs,
+                                           len(bs)))
 
     # ---- launches -------------------------------------------------------------------------------
     @_locked
@@ -340,13 +357,16 @@ class NativeAllocator(RequestBook):
             reqs = [requests[r] for r in rids]
         except KeyError:
             reqs = [self._req(r) for r in rids]  # UnknownRequest, naming it
-        n, mod, pool = len(reqs), self.mod, self.pool
-        rows = self._rows_of(reqs)
+        return self._launch(rids, self._rows_of(reqs))
+
+    def _launch(self, rids: tuple[Hashable, ...], rows: np.ndarray) -> Launch:
+        """``publish`` of the distinct known requests ``rids`` at ``rows`` (under the lock)."""
+        n, mod, pool = len(rids), self.mod, self.pool
         i, status, npos, nblocks, longest = mod.launch_plan(*self._arrays, rows, n)
         if status == mod.STEP_NOTHING_ALLOCATED:
-            raise InvalidArgument(f"request {reqs[i].rid!r} has no allocated positions")
+            raise InvalidArgument(f"request {rids[i]!r} has no allocated positions")
         if status != mod.STEP_OK:
-            raise InvalidArgument(f"request {reqs[i].rid!r} writes a shared partial block: "
+            raise InvalidArgument(f"request {rids[i]!r} writes a shared partial block: "
                                   "only BlockAllocator copies on write")
         pool._room_for_launch()
         slots = np.empty(npos, np.int64)
@@ -361,12 +381,12 @@ class NativeAllocator(RequestBook):
         if self.checked and nw:
             pool._check_touched("begin_write", written, nw)
         if stage == 1:
-            pool._refuse("publish", b=refused, r=reqs[i].rid)
+            pool._refuse("publish", b=refused, r=rids[i])
         if stage == 2:
             pool._refuse("launch", L=L)
         pool._check_clock("launch", L)
         if stage == 3:
-            pool._refuse("begin_write", b=refused, r=reqs[i].rid, w=w)
+            pool._refuse("begin_write", b=refused, r=rids[i], w=w)
         tables.flags.writeable = generations.flags.writeable = False
         seq_lens = lens.astype(np.int32)
         launch = Launch(
@@ -416,57 +436,63 @@ class NativeAllocator(RequestBook):
     def commit(self, rid: Hashable, num_tokens: int) -> None:
         """Positions below ``num_tokens`` are written: full blocks below it become REFERENCED
         and enter the prefix cache (spec: commit)."""
-        self._commit_rows([self._req(rid)], [num_tokens])
+        req = self._req(rid)
+        self._commit_rows([rid], [num_tokens], self._rows_of([req]))
 
     @_locked
     def commit_many(self, updates: Sequence[tuple[Hashable, int]]) -> None:
         """The step-level ``commit``: all or nothing, each request once, in order."""
         pairs = self._batch(updates, "commit_many")
-        self._commit_rows([req for req, _ in pairs], [n for _, n in pairs])
+        self._commit_rows([req.rid for req, _ in pairs], [n for _, n in pairs],
+                          self._rows_of([req for req, _ in pairs]))
 
-    def _commit_rows(self, reqs: list[_NativeRequest], counts: list[Any]) -> None:
+    def _commit_rows(self, rids: Sequence[Hashable], counts: list[Any],
+                     rows: np.ndarray) -> None:
+        """``commit_many`` of the distinct known requests ``rids`` at ``rows`` (under the
+        lock)."""
         for i, n in enumerate(counts):
             if type(n) is not int or not 0 <= n <= MAX_COUNT:
                 counts[i] = check_count(n, "num_tokens")
-        n = len(reqs)
+        n = len(rids)
         if not n:
             return
         mod, R = self.mod, self.R
         if self._filled.shape[1] < n:
             self._filled = np.empty((3, 2 * n), np.int64)
         filled = self._filled
-        i, status, block, nf = mod.commit_scan(*self._arrays, self._rows_of(reqs),
+        i, status, block, nf = mod.commit_scan(*self._arrays, rows,
                                                np.array(counts, np.int64), n, filled)
         if status != mod.STEP_OK:
-            req, new = reqs[i], counts[i]
-            computed, issued = R[self._R_COMPUTED, req.row], R[self._R_ISSUED, req.row]
+            rid, new, row = rids[i], counts[i], int(rows[i])
+            computed, issued = R[self._R_COMPUTED, row], R[self._R_ISSUED, row]
             if status == mod.STEP_BELOW_COMPUTED:
-                raise CommitError(f"{req.rid!r} already committed {computed} positions")
+                raise CommitError(f"{rid!r} already committed {computed} positions")
             if status == mod.STEP_NOT_ISSUED:
-                raise CommitError(f"cannot commit {new} positions of {req.rid!r}: launches "
+                raise CommitError(f"cannot commit {new} positions of {rid!r}: launches "
                                   f"were issued for {issued} "
-                                  f"(allocated {R[self._R_RESERVED, req.row]})")
+                                  f"(allocated {R[self._R_RESERVED, row]})")
             if status == mod.STEP_NOT_KNOWN:
-                raise TokensUnknown(f"cannot commit {new} positions of {req.rid!r}: only "
-                                    f"{len(req.tokens)} token ids are known (append_tokens "
-                                    "first)")
-            raise CommitError(f"block {block} of {req.rid!r} has a writing launch still "
+                raise TokensUnknown(f"cannot commit {new} positions of {rid!r}: only "
+                                    f"{R[self._R_KNOWN, row]} token ids are known "
+                                    "(append_tokens first)")
+            raise CommitError(f"block {block} of {rid!r} has a writing launch still "
                               "pending")
         if self.prefix_caching and nf:
-            self._cache_filled(reqs, filled[:, :nf].T.tolist())
+            requests = self._requests
+            self._cache_filled([(requests[rids[i]], first, full)
+                                for i, first, full in filled[:, :nf].T.tolist()])
 
-    def _cache_filled(self, reqs: list[_NativeRequest], filled: list[list[int]]) -> None:
-        """The full blocks the commits completed enter the prefix cache (spec: commit), each
-        PUBLISHED one whose hash is not cached yet, request by request in order (one native
-        loop over all of them)."""
-        pool, T = self.pool, self.T
+    def _cache_filled(self, filled: list[tuple[_NativeRequest, int, int]]) -> None:
+        """The full blocks the commits completed (per request: entries first .. full - 1)
+        enter the prefix cache (spec: commit), each PUBLISHED one whose hash is not cached
+        yet, request by request in order (one native loop over all of them)."""
+        pool, T, R = self.pool, self.T, self.R
         blocks: list[int] = []
         holders: list[int] = []
         digests: list[int] = []
-        for i, first, full in filled:
-            req = reqs[i]
+        for req, first, full in filled:
             blocks += T[req.row, first:full].tolist()
-            holders += [int(self.R[self._R_HOLDER, req.row])] * (full - first)
+            holders += [int(R[self._R_HOLDER, req.row])] * (full - first)
             digests += req.hashes[first:full]
         intern = pool._hash_slot
         slots = [intern(h) for h in digests]

@@ -45,6 +45,7 @@ from pagedkv.spec import (
     WATERMARK,
     PoolState,
     Transition,
+    takeable,
 )
 from pagedkv.spec.explain import refusal_detail
 from pagedkv.spec.model import ARRAY_FIELDS
@@ -835,7 +836,7 @@ def _rules_disagree(mod: ModuleType, rules: tuple[Any, Any] | None) -> str | Non
     """What of the generated request rules disagrees with the interpreted ones, or None:
     ``commit_bounds`` on every count up to two blocks and one position at block sizes 1 and 3
     (as ``compiled.position_rule`` is checked), ``slots_written`` at every block of the probe
-    pools for every k up to a block and one."""
+    pools for every k up to a block and one, and the spec's ``takeable`` at every block."""
     commit_bounds, slots_written = rules or (REQUEST_SPEC.commit_bounds,
                                              REQUEST_SPEC.slots_written)
     for Bsz in (1, 3):
@@ -846,9 +847,12 @@ def _rules_disagree(mod: ModuleType, rules: tuple[Any, Any] | None) -> str | Non
                 return f"commit_bounds{counts} at block size {Bsz}"
     for pre in _probe_pools():
         pool = _bare(mod, pre)
+        arrays = (pool.B, pool.M, pool.H, pool.K, pool.X)
         for b in range(pre.num_blocks):
             for k in range(pre.block_size + 2):
                 want = bool(slots_written(CONCRETE, pre.view, b, k))
-                if mod.g_slots_written(pool.B, pool.M, pool.H, pool.K, pool.X, b, k) != want:
+                if mod.g_slots_written(*arrays, b, k) != want:
                     return f"slots_written({b}, {k})"
+            if mod.g_takeable(*arrays, b) != bool(takeable(CONCRETE, pre.view, b)):
+                return f"takeable({b})"
     return None

@@ -29,7 +29,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from pagedkv.spec import ALL_STATES, NO_BLOCK, PARAM_KINDS, Transition
+from pagedkv.spec import ALL_STATES, NO_BLOCK, PARAM_KINDS, Transition, takeable
 from pagedkv.spec.model import BLOCK_FIELDS
 from pagedkv.spec.request_spec import REQUEST_SPEC
 
@@ -261,8 +261,10 @@ def njit(**options):
 def rules_source(commit_bounds: Any, slots_written: Any) -> str:
     """The request layer's rules the step loops (``native_steps.py``) evaluate:
     ``rule_commit_bounds(Bsz, new, issued, known)``, the spec's ``commit_bounds`` over three
-    position counts (as ``compiled.position_rule`` writes it), and ``g_slots_written(b, k)``,
-    the pool predicate ``slots_written`` over the native arrays."""
+    position counts (as ``compiled.position_rule`` writes it), ``g_slots_written(b, k)``, the
+    pool predicate ``slots_written`` over the native arrays, and ``g_takeable(b)``, the
+    spec's ``takeable`` (what an allocation may take: a cached hit that is takeable is
+    revived, not taken)."""
     params = ("new", "issued", "known")
     terms = _rule_terms(commit_bounds, params)
     if terms is None:
@@ -270,12 +272,17 @@ def rules_source(commit_bounds: Any, slots_written: Any) -> str:
     written = _native(slots_written, ("b", "k"))
     if written is None:
         raise _Unsupported("the request rule slots_written")
+    can_take = _native(takeable, ("b",))
+    if can_take is None:
+        raise _Unsupported("the pool predicate takeable")
     split = "".join(f"    {p}_q = {p} // Bsz\n    {p}_o = {p} - {p}_q * Bsz\n" for p in params)
     inline = "@njit(cache=True, inline='always')\n"
     return (f"{inline}def rule_commit_bounds(Bsz, {', '.join(params)}):\n{split}"
             f"    return ({', '.join(f'bool({t})' for t in terms)},)\n\n\n"
             f"{inline}def g_slots_written({_sig('b', 'k')}):\n" + GEOMETRY
-            + f"    return bool({_truth(written)})\n")
+            + f"    return bool({_truth(written)})\n\n\n"
+            f"{inline}def g_takeable({_sig('b')}):\n" + GEOMETRY
+            + f"    return bool({_truth(can_take)})\n")
 
 
 def module_source(spec: dict[str, Transition], invariants: list[Any],

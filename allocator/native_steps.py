@@ -317,3 +317,28 @@ def commit_blocks(B, M, H, K, X, blocks, holders, hslots, n, done):
         e_commit(B, M, H, K, X, b, holders[i], h)
         done[i] = 1
     return -1
+
+
+@njit(cache=True)
+def count_known(M, R, rows, n, filled):
+    """One more token id known for each request ``rows[:n]``; into ``filled`` the indices of
+    those whose known tokens now end a block (its hash is due). Returns how many."""
+    Bsz = M[BLOCK_SIZE]
+    nf = 0
+    for i in range(n):
+        r = rows[i]
+        R[R_KNOWN, r] += 1
+        if R[R_KNOWN, r] % Bsz == 0:
+            filled[nf] = i
+            nf += 1
+    return nf
+
+
+@njit(cache=True)
+def count_takeable(B, M, H, K, X, blocks, n):
+    """How many of ``blocks[:n]`` the spec's ``takeable`` holds for (ids in range)."""
+    c = 0
+    for i in range(n):
+        if g_takeable(B, M, H, K, X, blocks[i]):
+            c += 1
+    return c

@@ -22,10 +22,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import numba
 import numpy as np
 
 from pagedkv.allocator.native_allocator import NativeAllocator
-from pagedkv.spec import ALLOCATED, CONCRETE, PUBLISHED, REFERENCED, takeable
+from pagedkv.allocator.native_steps import R_KNOWN, R_RESERVED
+from pagedkv.spec import ALLOCATED, PUBLISHED, REFERENCED
 
 from .manager import does_not_fit
 from .request import RequestStatus, _as_token, _as_tokens
@@ -77,6 +79,11 @@ class NativeDriver:
         self._scheduled: dict[Hashable, None] = {}  # allocated this step, not launched yet
         self._launched: set[Hashable] = set()  # covered by this step's launch
         self._num_running = 0
+        # Running requests: their allocator rows, records by row, and their computed
+        # positions by row (``_Sequence.computed`` is a stopped request's).
+        self._row_of: dict[Hashable, int] = {}
+        self._record_of_row: dict[int, Any] = {}
+        self._computed = np.zeros(self.alloc.R.shape[1], np.int64)
         self._stats = dict(lookups=0, requests=0, queries=0, hits=0,
                            preempted_requests=0, preempted_queries=0, preempted_hits=0)
 
@@ -134,10 +141,17 @@ class NativeDriver:
             hits = alloc._hits(record)
             if hits != given:
                 return None  # the lookup went stale: add(rid) again
-            idle = sum(1 for b in hits if takeable(CONCRETE, pool.view, b))
+            idle = alloc.count_takeable(hits) if hits else 0
             if does_not_fit(B, usable, len(seq.tokens), target, len(given), idle, True, 0):
                 return None
             added = alloc._admit(record, target, hits)
+        row = record.row
+        if row >= len(self._computed):
+            self._computed = np.concatenate([self._computed,
+                                             np.zeros(alloc.R.shape[1], np.int64)])
+        self._row_of[rid] = row
+        self._record_of_row[row] = record
+        self._computed[row] = hits_tokens
         self._schedule(rid)
         s = self._stats
         pre = "preempted_" if seq.preemptions > 0 else ""
@@ -145,7 +159,6 @@ class NativeDriver:
         s[pre + "queries"] += len(seq.tokens)
         s[pre + "hits"] += hits_tokens
         seq.status = RequestStatus.RUNNING
-        seq.computed = hits_tokens
         self._num_running += 1
         return added[len(given):]
 
@@ -164,92 +177,121 @@ class NativeDriver:
                          ) -> list[list[int]]:
         """Grow each running request by its new tokens, in order, stopping at the first that
         does not fit (one native loop): the new block ids of each one grown."""
-        requests = self.requests
-        seqs = [requests[rid] for rid in rids]
+        rids = list(rids)
         counts = list(num_new_tokens)
-        if len(counts) != len(seqs):
-            raise ValueError(f"allocate_running: {len(seqs)} requests but {len(counts)} "
-                             "token counts")
-        for seq in seqs:
-            if seq.status != RequestStatus.RUNNING:
-                raise ValueError(f"request {seq.rid!r} is not running (admit it with add() "
-                                 "and allocate())")
-        for i, n in enumerate(counts):
-            if type(n) is not int or n <= 0:
-                counts[i] = n = _plain_count(n, "num_new_tokens")
-                if n == 0:
-                    raise ValueError("allocate_running: num_new_tokens must be > 0")
-        if len(set(rids)) != len(seqs):
-            raise ValueError("allocate_running: a request appears twice")
+        rows = self._running_rows(rids)
+        if (rows is None or len(counts) != len(rows) or len(set(rows)) != len(rows)
+                or not all(type(n) is int and n > 0 for n in counts)):
+            counts = self._refuse_running(rids, counts)
+            rows = self._running_rows(rids)
+        rows_a = np.array(rows, np.int64)
         alloc = self.alloc
         with alloc._lock:
-            got = alloc.grow_running([alloc._requests[s.rid] for s in seqs],
-                                     [s.computed for s in seqs], counts)
-        scheduled, launched = self._scheduled, self._launched
-        for seq in seqs[:len(got)]:
-            scheduled[seq.rid] = None
-            launched.discard(seq.rid)
+            got = alloc.grow_running(rows_a, self._computed[rows_a],
+                                     np.array(counts, np.int64), rids)
+        if got:
+            grown = rids[:len(got)]
+            self._scheduled.update(dict.fromkeys(grown))
+            self._launched.difference_update(grown)
         return got
+
+    def _running_rows(self, rids: list[Any]) -> list[int] | None:
+        """The allocator rows of running requests, or None if one is not running."""
+        row_of = self._row_of
+        try:
+            return [row_of[rid] for rid in rids]
+        except (KeyError, TypeError):
+            return None
+
+    def _refuse_running(self, rids: list[Any], counts: list[Any]) -> list[int]:
+        """What the fast path does not take, said: an unknown request (``KeyError``), one not
+        running, a count not an int > 0, a request twice, lengths that differ
+        (``ValueError`` / ``TypeError``); or the counts as plain ints."""
+        for rid in rids:
+            if self.requests[rid].status != RequestStatus.RUNNING:
+                raise ValueError(f"request {rid!r} is not running (admit it with add() and "
+                                 "allocate())")
+        if len(counts) != len(rids):
+            raise ValueError(f"allocate_running: {len(rids)} requests but {len(counts)} "
+                             "token counts")
+        out = [_plain_count(n, "num_new_tokens") for n in counts]
+        if 0 in out:
+            raise ValueError("allocate_running: num_new_tokens must be > 0")
+        if len(set(rids)) != len(rids):
+            raise ValueError("allocate_running: a request appears twice")
+        return out
 
     def commit_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
         """The step ran: each ``(rid, n)`` counts ``n`` positions computed. The step's first
         commit publishes every request allocated since ``step()`` as one launch and completes
         it (its positions with known token ids are committed: cached if full); every pair is
         checked first (``ValueError``: none is committed)."""
-        requests, alloc = self.requests, self.alloc
-        seqs = [requests[rid] for rid, _ in pairs]
+        rids = [rid for rid, _ in pairs]
         news = [n for _, n in pairs]
+        rows = self._running_rows(rids)
+        if rows is None:
+            for rid in rids:
+                if self.requests[rid].status != RequestStatus.RUNNING:
+                    raise ValueError(f"request {rid!r} is not running")
+        assert rows is not None
+        alloc = self.alloc
         with alloc._lock:
-            held = alloc._requests
-            rows = [held[seq.rid].row if seq.rid in held else -1 for seq in seqs]
-            reserved = alloc.R[alloc._R_RESERVED, rows].tolist()  # (row -1: not running)
-            for seq, n, top in zip(seqs, news, reserved, strict=True):
-                if seq.status != RequestStatus.RUNNING:
-                    raise ValueError(f"request {seq.rid!r} is not running")
-                if type(n) is not int or not seq.computed <= n <= min(len(seq.tokens), top):
-                    raise ValueError(
-                        f"request {seq.rid!r}: cannot commit {n!r} tokens (computed "
-                        f"{seq.computed}, tokens {len(seq.tokens)}, allocated {top})")
+            rows_a = np.array(rows, np.int64)
+            computed = self._computed[rows_a].tolist()
+            if not all(type(n) is int for n in news):
+                bad = next(i for i, n in enumerate(news) if type(n) is not int)
+                self._refuse_commit(rids[bad], news[bad], computed[bad], rows[bad])
+            news_a = np.array(news, np.int64)
+            i = int(check_commits(alloc.R, rows_a, news_a, self._computed, len(rows)))
+            if i >= 0:
+                self._refuse_commit(rids[i], news[i], computed[i], rows[i])
             launched, scheduled = self._launched, self._scheduled
-            for seq, n in zip(seqs, news, strict=True):
-                if n > seq.computed and seq.rid not in launched:
-                    if seq.rid in scheduled:
+            for rid, n, c in zip(rids, news, computed, strict=True):
+                if n > c and rid not in launched:
+                    if rid in scheduled:
                         batch = list(scheduled)
                         launched.update(scheduled)
                         scheduled.clear()
                     else:
-                        batch = [seq.rid]
+                        batch = [rid]
                     self._run_launch(batch)
-                seq.computed = n
+            self._computed[rows_a] = news_a
+
+    def _refuse_commit(self, rid: Hashable, n: Any, computed: int, row: int) -> None:
+        R = self.alloc.R
+        raise ValueError(f"request {rid!r}: cannot commit {n!r} tokens (computed {computed}, "
+                         f"tokens {int(R[R_KNOWN, row])}, allocated "
+                         f"{int(R[R_RESERVED, row])})")
 
     def _run_launch(self, rids: list[Hashable]) -> None:
         """One launch of ``rids``, completed at once; then each commits what it wrote whose
         token ids were known (the manager's commit at completion)."""
-        alloc = self.alloc
-        launch = alloc.publish(rids)
+        alloc, row_of = self.alloc, self._row_of
+        rows = np.array([row_of[rid] for rid in rids], np.int64)
+        launch = alloc._launch(tuple(rids), rows)
         launch.complete()
-        reqs = [alloc._requests[rid] for rid in rids]
-        known = alloc.R[alloc._R_KNOWN, alloc._rows_of(reqs)]
-        alloc._commit_rows(reqs, np.minimum(launch.seq_lens, known).tolist())
+        known = alloc.R[R_KNOWN, rows]
+        alloc._commit_rows(rids, np.minimum(launch.seq_lens, known).tolist(), rows)
 
     def append_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
         """``append(rid, token)`` of each pair, each request once; all or nothing."""
         alloc, requests = self.alloc, self.requests
+        rids = [rid for rid, _ in pairs]
+        tokens = [t for _, t in pairs]
+        rows = self._running_rows(rids)
         with alloc._lock:
-            held = alloc._requests
-            try:  # the common case: every request holds its allocator record
-                records = [held[rid] for rid, _ in pairs]
-            except KeyError:
-                records = None
-            if records is not None and len({id(r) for r in records}) == len(records):
-                alloc.append_token_many(records, [t for _, t in pairs])
+            if rows is not None and len(set(rows)) == len(rows):
+                by_row = self._record_of_row
+                alloc.append_token_many([by_row[r] for r in rows], tokens,
+                                        np.array(rows, np.int64))
                 return
-            rids = [rid for rid, _ in pairs]
             if len(set(rids)) != len(rids):
                 raise ValueError("append_many: a request appears twice")
-            tokens = [_as_token(t) for _, t in pairs]
+            tokens = [_as_token(t) for t in tokens]
+            held = alloc._requests
             alloc.append_token_many([held[rid] for rid in rids if rid in held],
-                                    [t for rid, t in zip(rids, tokens, strict=True) if rid in held])
+                                    [t for rid, t in zip(rids, tokens, strict=True)
+                                     if rid in held])
             for rid, t in zip(rids, tokens, strict=True):
                 if rid not in held:  # (no table: the allocator learns them at add)
                     requests[rid].tokens.append(t)
@@ -258,6 +300,7 @@ class NativeDriver:
         seq = self.requests[rid]
         if seq.status != RequestStatus.RUNNING:
             raise ValueError(f"request {rid!r} is not running")
+        self._stop(rid)
         self.alloc.free(rid)
         seq.status = RequestStatus.PREEMPTED
         seq.computed = 0
@@ -272,9 +315,16 @@ class NativeDriver:
         self._launched.discard(rid)
         if seq.status == RequestStatus.RUNNING:
             self._num_running -= 1
+            seq.computed = self._stop(rid)
         seq.status = RequestStatus.FINISHED_LENGTH_CAPPED
         if rid in self.alloc._requests:
             self.alloc.free(rid)
+
+    def _stop(self, rid: Hashable) -> int:
+        """A running request stops running: its computed positions."""
+        row = self._row_of.pop(rid)
+        del self._record_of_row[row]
+        return int(self._computed[row])
 
     def step(self) -> None:
         self._scheduled.clear()
@@ -291,7 +341,8 @@ class NativeDriver:
         return len(self.requests[rid].tokens)
 
     def num_computed(self, rid: Any) -> int:
-        return self.requests[rid].computed
+        row = self._row_of.get(rid)
+        return self.requests[rid].computed if row is None else int(self._computed[row])
 
     def status(self, rid: Any) -> str:
         return self.requests[rid].status.name
@@ -320,6 +371,18 @@ class NativeDriver:
         s["cached_blocks"] = s["hash_entries"] = cached
         s["evictable_cached_blocks"] = self.num_evictable()
         return s
+
+
+@numba.njit(cache=True)
+def check_commits(R: np.ndarray, rows: np.ndarray, news: np.ndarray, computed: np.ndarray,
+                  n: int) -> int:
+    """The first pair that may not commit (computed <= new <= min(tokens, allocated)),
+    or -1."""
+    for i in range(n):
+        r = rows[i]
+        if not computed[r] <= news[i] <= min(R[R_KNOWN, r], R[R_RESERVED, r]):
+            return i
+    return -1
 
 
 def _plain_count(value: Any, name: str) -> int:
