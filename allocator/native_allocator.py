@@ -105,6 +105,30 @@ class NativeAllocator(RequestBook):
         self._free_rows = list(range(rows - 1, -1, -1))
         self._S = np.empty((3, 2 * self.num_blocks + 2), np.int64)  # never fills: see grow
         self._filled = np.empty((3, rows), np.int64)
+        self._load_loops()
+
+    def _load_loops(self) -> None:
+        """Each step loop called once on no request, on copies of the arrays, so that numba
+        loads its compiled code now (milliseconds per function, once per process) rather
+        than in a step."""
+        mod, none = self.mod, np.empty(0, np.int64)
+        arrays = tuple(a.copy() for a in self._arrays)
+        S, F = self._S.copy(), self._filled.copy()
+        mod.grow_many(*arrays, none, none, 0, S, none)
+        mod.grow_running(*arrays, none, none, none, 0, S, none, none)
+        mod.launch_plan(*arrays, none, 0)
+        empty = np.empty((0, 1), np.int32)
+        mod.launch_rows(*arrays, none, 0, none, none, none, none, empty, empty)
+        mod.commit_scan(*arrays, none, none, 0, F)
+        mod.commit_blocks(*arrays[:5], none, none, none, 0, none)
+        mod.complete_and_commit(*arrays, none, 0, 0, none, 0, none, F)
+        mod.count_known(arrays[1], arrays[5], none, 0, none)
+        mod.count_takeable(*arrays[:5], none, 0)
+        pool = arrays[:5]  # and the pool's own loops the calls use
+        mod.take_many(*pool, 0, 0, none, S)
+        mod.release_many(*pool, 0, none, 0, S)
+        mod.share_many(*pool, 0, none, 0)
+        mod.recycle_where(*pool, none, 0)
 
     # ---- rows ------------------------------------------------------------------------------------
     def _new_row(self) -> int:
@@ -142,20 +166,27 @@ class NativeAllocator(RequestBook):
             self.block_size)
 
     def _register(self, rid: Hashable, token_ids: Sequence[int], cache_salt: Any,
-                  extra_keys: Sequence[Any]) -> _NativeRequest:
-        """``add_request`` without its lookup: the new record (under the caller's lock)."""
+                  extra_keys: Sequence[Any],
+                  again: _NativeRequest | None = None) -> _NativeRequest:
+        """``add_request`` without its lookup: the new record (under the caller's lock).
+        ``again``: the record this request had before it was freed (its tokens since grown,
+        nothing else changed): its tokens are taken as they are (checked then) and its chain
+        hashes kept (a pure function of the tokens, salt and keys), the new blocks hashed."""
         self._check_new_rid(rid)
-        tokens = _check_tokens(token_ids)
-        if cache_salt is not None and not isinstance(cache_salt, str | bytes):
-            raise InvalidArgument("cache_salt must be str, bytes or None")
-        extra = normalize_extra_keys(extra_keys)
-        req = _NativeRequest(rid, tokens, cache_salt, extra, -1)
+        if again is None:
+            tokens = _check_tokens(token_ids)
+            if cache_salt is not None and not isinstance(cache_salt, str | bytes):
+                raise InvalidArgument("cache_salt must be str, bytes or None")
+            req = _NativeRequest(rid, tokens, cache_salt, normalize_extra_keys(extra_keys), -1)
+        else:
+            req = _NativeRequest(rid, again.tokens, again.salt, again.extra_keys, -1)
+            req.hashes = again.hashes
         self._extend_hashes(req)
         self.pool.open_holder(rid)
         req.row = row = self._new_row()
         self.R[:, row] = 0
         self.R[self._R_HOLDER, row] = self.pool._slot[rid]
-        self.R[self._R_KNOWN, row] = len(tokens)
+        self.R[self._R_KNOWN, row] = len(req.tokens)
         self._requests[rid] = req
         return req
 
@@ -284,12 +315,13 @@ class NativeAllocator(RequestBook):
         checked ints > 0 and the requests distinct (the caller's). Under the caller's lock."""
         n = len(rows)
         targets = np.empty(n, np.int64)
-        if n:
-            widest = int(bases.max()) + int(counts.max())
-            self._room_for_entries(min(-(-widest // self.block_size), self.num_blocks))
         grown = np.empty(n, np.int64)
-        found = self.mod.grow_running(*self._arrays, rows, bases, counts, n, self._S, grown,
-                                      targets)
+        while True:
+            found = self.mod.grow_running(*self._arrays, rows, bases, counts, n, self._S,
+                                          grown, targets)
+            if found[1] != self.mod.STEP_TOO_WIDE:
+                break
+            self._room_for_entries(min(found[2], self.num_blocks))
         ok = found[1] == self.mod.STEP_OK
         self._after_growth([self._requests[rid] for rid in rids] if not ok else (),
                            (-1 if ok else found[0], *found[1:]))
@@ -425,6 +457,38 @@ class NativeAllocator(RequestBook):
             if advanced:
                 pool._check_clock("advance", None)
                 pool._drain()
+
+    def _complete_and_commit(self, launch: Launch, rows: np.ndarray) -> None:
+        """Complete ``launch`` (of the requests at ``rows``, in order) and commit for each
+        what it wrote whose token ids are known, in one native loop: ``launch.complete()``,
+        then ``commit_many`` of ``min(reserved, known)`` each (a front door's commit at
+        completion). Under the caller's lock."""
+        pool, L, n = self.pool, launch.seq, len(rows)
+        if launch.completed:
+            raise LaunchAlreadyCompleted(f"{launch!r} already completed")
+        written = self._written[L]
+        if self._filled.shape[1] < n:
+            self._filled = np.empty((3, 2 * n), np.int64)
+        news = np.empty(n, np.int64)
+        failed, refused, advanced, i, status, _, nf = self.mod.complete_and_commit(
+            *self._arrays, written, len(written), L, rows, n, news, self._filled)
+        if failed >= 0 or refused:  # nothing completed: the checked path says why
+            self._complete(launch, True)
+        if pool.checked:
+            pool._check_touched("end_write", written, len(written))
+            pool._check_clock("complete", L)
+        launch.completed = True
+        del self._inflight[L], self._written[L]
+        if advanced:
+            pool._check_clock("advance", None)
+            pool._drain()
+        if status != self.mod.STEP_OK:  # the commits are refused (none made): say why
+            self._commit_rows(launch.rids, news.tolist(), rows)
+        nf = int(nf)
+        if self.prefix_caching and nf:
+            requests, rids = self._requests, launch.rids
+            self._cache_filled([(requests[rids[i]], first, full)
+                                for i, first, full in self._filled[:, :nf].T.tolist()])
 
     @property
     def inflight(self) -> tuple[Launch, ...]:

@@ -87,6 +87,11 @@ def grow_running(B, M, H, K, X, R, T, rows, bases, counts, n, S, grown, targets)
                 fit = i
                 break
             room -= need
+    widest = 0
+    for i in range(fit):
+        widest = max(widest, _cdiv(targets[i], Bsz))
+    if widest > T.shape[1]:  # the caller widens the rows and calls again
+        return fit, STEP_TOO_WIDE, widest, 0, 0
     i, status, refused, nev, nt = _grow(B, M, H, K, X, R, T, rows, targets, fit, S, grown)
     if status != STEP_OK:
         return i, status, refused, nev, nt
@@ -342,3 +347,20 @@ def count_takeable(B, M, H, K, X, blocks, n):
         if g_takeable(B, M, H, K, X, blocks[i]):
             c += 1
     return c
+
+
+@njit(cache=True)
+def complete_and_commit(B, M, H, K, X, R, T, written, nw, L, rows, n, news, filled):
+    """``complete_launch`` of launch L (its writes ``written[:nw]``), then each of its
+    requests ``rows[:n]`` commits what the launch wrote whose token ids are known
+    (``min(reserved, known)`` into ``news``: what a front door commits at completion) as
+    ``commit_scan`` does. Returns (``complete_launch``'s three results, then
+    ``commit_scan``'s four)."""
+    failed, refused, advanced = complete_launch(B, M, H, K, X, written, nw, L)
+    if failed >= 0 or refused:
+        return failed, refused, advanced, -1, STEP_OK, -1, 0
+    for i in range(n):
+        r = rows[i]
+        news[i] = min(R[R_RESERVED, r], R[R_KNOWN, r])
+    i, status, block, nf = commit_scan(B, M, H, K, X, R, T, rows, news, n, filled)
+    return failed, refused, advanced, i, status, block, nf

@@ -30,7 +30,7 @@ from pagedkv.allocator.native_steps import R_KNOWN, R_RESERVED
 from pagedkv.spec import ALLOCATED, PUBLISHED, REFERENCED
 
 from .manager import does_not_fit
-from .request import RequestStatus, _as_token, _as_tokens
+from .request import RequestStatus, _as_token
 
 _NULL = ("pagedkv", "null block")  # the null block's holder (no request id of the trace)
 
@@ -38,10 +38,12 @@ _NULL = ("pagedkv", "null block")  # the null block's holder (no request id of t
 class _Sequence:
     """A request as the driver keeps it."""
 
-    __slots__ = ("rid", "tokens", "salt", "status", "computed", "preemptions", "pending")
+    __slots__ = ("rid", "tokens", "salt", "status", "computed", "preemptions", "pending",
+                 "record")
 
     def __init__(self, rid: Hashable, tokens: list[int], salt: str | None) -> None:
         self.rid, self.tokens, self.salt = rid, tokens, salt
+        self.record: Any = None  # its allocator record, kept when it was freed
         self.status = RequestStatus.WAITING
         self.computed = 0
         self.preemptions = 0
@@ -93,22 +95,25 @@ class NativeDriver:
         """A new request (with its ``token_ids``), or the lookup again of a waiting or
         preempted one (``add(rid)``): the prefix hit tokens its admission takes."""
         seq = self.requests.get(rid)
+        alloc = self.alloc
         if seq is None:
             if token_ids is None:
                 raise KeyError(f"unknown request {rid!r}: add() needs its token_ids")
-            seq = _Sequence(rid, _as_tokens(token_ids), cache_salt)
+            with alloc._lock:
+                record = alloc._register(rid, token_ids, cache_salt, ())  # checks them
+            seq = _Sequence(rid, record.tokens, cache_salt)  # one list: the allocator's
+            seq.record = record
             self.requests[rid] = seq
         else:
             if token_ids is not None or cache_salt is not None:
                 raise ValueError(f"request {rid!r} exists; re-add it with add(rid) only")
             if seq.status == RequestStatus.RUNNING:
                 raise ValueError(f"request {rid!r} is running; preempt() it before re-adding")
-        alloc = self.alloc
         with alloc._lock:
             record = alloc._requests.get(rid)
-            if record is None:
-                record = alloc._register(rid, seq.tokens, seq.salt, ())
-                seq.tokens = record.tokens  # one list: the allocator's
+            if record is None:  # preempted: its checked tokens and their hashes are kept
+                record = alloc._register(rid, seq.tokens, seq.salt, (), seq.record)
+                seq.tokens, seq.record = record.tokens, record
             seq.pending = alloc._hits(record)
         self._stats["lookups"] += 1
         return len(seq.pending) * self.block_size
@@ -268,10 +273,7 @@ class NativeDriver:
         token ids were known (the manager's commit at completion)."""
         alloc, row_of = self.alloc, self._row_of
         rows = np.array([row_of[rid] for rid in rids], np.int64)
-        launch = alloc._launch(tuple(rids), rows)
-        launch.complete()
-        known = alloc.R[R_KNOWN, rows]
-        alloc._commit_rows(rids, np.minimum(launch.seq_lens, known).tolist(), rows)
+        alloc._complete_and_commit(alloc._launch(tuple(rids), rows), rows)
 
     def append_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
         """``append(rid, token)`` of each pair, each request once; all or nothing."""
