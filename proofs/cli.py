@@ -135,20 +135,24 @@ def merge_campaign(shards: list[dict], target_steps: int) -> dict:
 
 def run_native_part(quick: bool) -> dict:
     """The native pool: its generated module compiled and self-checked against the
-    interpreted spec, then the differential campaign against BlockPool. Skipped (ok) where
-    numba is not installed: nothing of the native pool can run there."""
+    interpreted spec, then the differential campaigns against BlockPool (the pool layer) and
+    BlockAllocator (the native step path, ``NativeAllocator``). Skipped (ok) where numba is
+    not installed: nothing native can run there."""
     try:
         import numba  # noqa: F401
     except ImportError:
         return {"ok": True, "skipped": "numba is not installed (pip install pagedkv[native])"}
     from pagedkv.allocator.native_pool import NativeUnavailable, native_module
+    from pagedkv.proofs.native_allocator_refinement import run_native_allocator_campaign
     from pagedkv.proofs.native_refinement import run_native_campaign
 
     try:
         native_module()
     except NativeUnavailable as exc:
         return {"ok": False, "error": str(exc)}
-    return run_native_campaign(range(4 if quick else 16))
+    out = run_native_campaign(range(4 if quick else 16))
+    out["allocator"] = run_native_allocator_campaign(range(4 if quick else 12))
+    return out
 
 
 def run_host_campaign_part(target_steps: int) -> dict:
@@ -378,6 +382,11 @@ def render_summary(parts: dict[str, dict]) -> str:
         lines.append(f"native pool: generated module self-checked against the spec; "
                      f"differential campaign against BlockPool: {nat['ops']:,} operations on "
                      f"seeds {nat['seeds'][0]}-{nat['seeds'][1] - 1}, the same moves")
+        al = nat.get("allocator", {})
+        if al.get("ops"):
+            lines.append(f"native step path: differential campaign against BlockAllocator: "
+                         f"{al['ops']:,} calls on seeds {al['seeds'][0]}-{al['seeds'][1] - 1},"
+                         " the same results and states")
     w = parts.get("workload", {})
     if "steps" in w:
         lines.append(

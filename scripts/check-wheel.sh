@@ -175,8 +175,9 @@ assert rep["ok"] and m.get("ok"), m
 assert "site-packages" in m["path"], f"mutation report read from {m['path']}, not the wheel"
 print(f"   report ok; mutation report from the wheel, kill rate {m['kill_rate']}")
 nat = rep["parts"]["native_pool"]  # [kernels] brings numba: the native pool's check ran
-assert nat.get("ok") and nat.get("ops"), nat
-print(f"   native pool: self-checked, {nat['ops']:,} operations the same as BlockPool's")
+assert nat.get("ok") and nat.get("ops") and nat["allocator"].get("ops"), nat
+print(f"   native pool: self-checked, {nat['ops']:,} operations the same as BlockPool's, "
+      f"{nat['allocator']['ops']:,} native step-path calls the same as BlockAllocator's")
 PY
 
 step "the README's usage example"

@@ -409,8 +409,10 @@ def test_verify_runs_the_native_check_and_reports_it(monkeypatch, tmp_path):
 
     part = verify_cli.run_native_part(quick=True)
     assert part["ok"] and part["ops"] > 500 and part["seeds"] == [0, 4]
-    assert "differential campaign against BlockPool" in verify_cli.render_summary(
-        {"native_pool": part})
+    assert part["allocator"]["ok"] and part["allocator"]["ops"] > 500
+    summary = verify_cli.render_summary({"native_pool": part})
+    assert "differential campaign against BlockPool" in summary
+    assert "differential campaign against BlockAllocator" in summary
     assert "native_pool" in verify_cli.code_check_jobs(quick=True, campaign_steps=10)
     real = native_source.module_source  # a generated module that disagrees: the part fails
     monkeypatch.setattr(native_source, "module_source",

@@ -1,0 +1,251 @@
+"""NativeAllocator: the request layer's step-level calls as native loops, held to BlockAllocator.
+
+BlockAllocator is held to the spec's call programs by the refinement campaign; here the native
+step path is held to BlockAllocator call by call on seeded random workloads
+(``proofs.native_allocator_refinement``: the same values, errors, pool states and tables), and
+its generated rules and clock transitions to the interpreted spec (the module's self-check)."""
+# ruff: noqa: B023 - each call's lambdas are called at once by AllocatorPair.do
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from pagedkv.allocator import (  # noqa: E402
+    BlockAllocator,
+    BlockPool,
+    CommitError,
+    InvalidArgument,
+    OutOfBlocks,
+    TokensUnknown,
+    native_source,
+)
+from pagedkv.allocator import native_pool as native  # noqa: E402
+from pagedkv.allocator.native_allocator import NativeAllocator  # noqa: E402
+from pagedkv.allocator.native_pool import NativePool, NativeUnavailable  # noqa: E402
+from pagedkv.proofs.native_allocator_refinement import (  # noqa: E402
+    AllocatorPair,
+    random_workload,
+    requests_of,
+    run_native_allocator_campaign,
+)
+from pagedkv.proofs.native_refinement import snapshot  # noqa: E402
+from pagedkv.spec import requests as spec_requests  # noqa: E402
+from pagedkv.spec.request_spec import REQUEST_SPEC  # noqa: E402
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_native_step_path_makes_blockallocators_moves_call_by_call(seed):
+    pair = random_workload(seed, checked=seed % 2 == 1)
+    assert sum(pair.ops.values()) > 150
+    assert {"allocate_many", "publish", "complete", "commit_many"} <= set(pair.ops)
+
+
+def test_the_campaign_reports_a_difference(monkeypatch):
+    """A native step path that answers differently (a launch's slot mapping one slot off)
+    fails the campaign, naming the seed and the call."""
+    ok = run_native_allocator_campaign(range(2), steps=80)
+    assert ok["ok"] and ok["ops"] > 100
+    real = NativeAllocator._launch
+
+    def off_by_one(self, rids, rows):
+        launch = real(self, rids, rows)
+        launch.slot_mapping = launch.slot_mapping + 1
+        return launch
+
+    monkeypatch.setattr(NativeAllocator, "_launch", off_by_one)
+    bad = run_native_allocator_campaign(range(2), steps=80)
+    assert not bad["ok"] and "seed 0" in bad["error"] and "publish" in bad["error"]
+
+
+def _world(checked: bool = True) -> AllocatorPair:
+    """Both allocators with three requests mid-decode, sharing a cached prefix, and one
+    launch in flight."""
+    pair = AllocatorPair(32, 4, checked)
+    shared = list(range(8))
+    for i, rid in enumerate(("a", "b", "c")):
+        prompt = shared + [100 + i] * (i + 1)
+        pair.do("add", lambda a: a.add_request(rid, prompt))
+        pair.do("allocate", lambda a: a.allocate(rid, len(prompt)))
+        launch = pair.do("publish", lambda a: a.publish([rid]))
+        pair.do("complete", lambda a: launch[a is pair.nat].complete())
+        pair.do("commit", lambda a: a.commit(rid, len(prompt)))
+    pair.do("append", lambda a: a.append_tokens_many([(r, [7]) for r in "abc"]))
+    pair.do("grow", lambda a: a.allocate_many([(r, a.num_reserved(r) + 1) for r in "abc"]))
+    pair.launches.append(pair.do("publish", lambda a: a.publish(["a", "b"])))
+    return pair
+
+
+def test_prefix_hits_are_taken_from_the_cache_in_both():
+    pair = _world()
+    hits = pair.do("add", lambda a: a.add_request("d", list(range(8)) + [5, 6]))
+    assert hits[0] == hits[1] == 8
+    entries = pair.do("allocate", lambda a: a.allocate("d", 10))
+    assert entries[0] == entries[1] and entries[0][:2] == pair.ref.block_table("a")[:2]
+
+
+@pytest.mark.parametrize("bad", ["shrinks", "unknown", "twice", "not an int"])
+def test_a_refused_allocate_many_changes_nothing(bad):
+    pair = _world()
+    grow = [("a", pair.ref.num_reserved("a") + 5), ("c", pair.ref.num_reserved("c") + 1)]
+    grow.append({"shrinks": ("b", 1), "unknown": ("zz", 3), "twice": ("a", 40),
+                 "not an int": ("b", 2.5)}[bad])
+    before = snapshot(pair.nat.pool), requests_of(pair.nat)
+    pair.do("refused", lambda a: a.allocate_many(grow))  # the same error type in both
+    assert (snapshot(pair.nat.pool), requests_of(pair.nat)) == before
+
+
+def test_a_running_pass_that_does_not_fit_is_refused_as_a_whole():
+    pair = _world()
+    with pytest.raises(OutOfBlocks):
+        pair.nat.allocate_many([("a", 200), ("b", 50)])
+    pair.do("the same", lambda a: a.allocate_many([("a", 200), ("b", 50)]))
+
+
+@pytest.mark.parametrize("case", ["before its launch completed", "past the tokens",
+                                  "below what it committed", "past the launch"])
+def test_a_refused_commit_many_commits_none(case):
+    pair = _world()
+    n_a = pair.ref.num_reserved("a")
+    ref_launch, nat_launch = pair.launches.pop()
+    if case != "before its launch completed":
+        pair.do("complete", lambda a: (nat_launch if a is pair.nat else ref_launch).complete())
+    if case == "past the tokens":  # c's newest position launched, its token not known yet
+        pair.do("grow", lambda a: a.allocate_many([("c", a.num_reserved("c") + 1)]))
+        launch = pair.do("publish", lambda a: a.publish(["c"]))
+        pair.do("complete", lambda a: launch[a is pair.nat].complete())
+    bad = {"before its launch completed": ("b", pair.ref.num_reserved("b")),
+           "past the tokens": ("c", pair.ref.num_reserved("c")),
+           "below what it committed": ("c", 1),
+           "past the launch": ("c", pair.ref.num_reserved("c"))}[case]
+    before = snapshot(pair.nat.pool), requests_of(pair.nat)
+    want = TokensUnknown if case == "past the tokens" else CommitError
+    with pytest.raises(want):
+        pair.nat.commit_many([("a", n_a), bad])
+    assert (snapshot(pair.nat.pool), requests_of(pair.nat)) == before
+    pair.do("the same refusal", lambda a: a.commit_many([("a", n_a), bad]))
+
+
+@pytest.mark.parametrize("token", [1.5, None, 2**63, True])
+def test_a_bad_token_appends_none(token):
+    pair = _world()
+    before = requests_of(pair.nat)
+    with pytest.raises(InvalidArgument):
+        pair.nat.append_tokens_many([("a", [3]), ("b", [token])])
+    with pytest.raises(InvalidArgument):
+        pair.nat.append_token_many([pair.nat._requests["a"], pair.nat._requests["b"]],
+                                   [3, token])
+    assert requests_of(pair.nat) == before
+
+
+def test_frees_under_a_launch_in_flight_wait_for_it():
+    """A block freed while a launch that reads it is in flight is reclaimed only once the
+    launch completed (epochs), in both."""
+    pair = _world()
+    table = pair.ref.block_table("b")
+    pair.do("free", lambda a: a.free("b"))
+    assert all(pair.nat.state(b) != 0 for b in table)  # none FREE yet
+    ref_launch, nat_launch = pair.launches.pop()
+    pair.do("complete", lambda a: (nat_launch if a is pair.nat else ref_launch).complete())
+    assert pair.nat.pool.waiting() == 0
+
+
+def test_many_launches_in_flight_complete_in_any_order():
+    """More launches in flight than the launch set's first cells hold (it rehashes), each
+    completed in a random order: the same clock, watermark and blocks as BlockPool's."""
+    rng = random.Random(3)
+    ref, nat = BlockPool(16, 4, checked=True), NativePool(16, 4, checked=True)
+    launched = []
+    for _ in range(70):
+        assert ref.clock[0] == nat.launch()
+        ref.launch(ref.clock[0])
+        launched.append(ref.clock[0] - 1)
+        if rng.random() < 0.3:
+            L = launched.pop(rng.randrange(len(launched)))
+            ref.complete(L)
+            nat.complete(L)
+            ref.advance_watermark()
+            nat.advance_watermark()
+    assert len(launched) > 40 and len(nat.M) > native_source.LAUNCHES0 + 16  # it grew
+    rng.shuffle(launched)
+    for L in launched:
+        ref.complete(L)
+        nat.complete(L)
+        assert ref.advance_watermark() == nat.advance_watermark()
+        assert snapshot(ref) == snapshot(nat)
+
+
+# ---- the generated code is the spec's ----------------------------------------------------------
+@pytest.mark.parametrize("wrong", [
+    ("rule_commit_bounds", "(new_q < issued_q)", "(new_q <= issued_q)"),
+    ("g_takeable", "<= M[", "< M["),
+    ("e_complete", "discard_launch(M, ", "add_launch(M, "),
+])
+def test_generated_rules_and_clock_that_differ_from_the_spec_are_refused(
+        monkeypatch, tmp_path, wrong):
+    """A generated module whose commit rule, takeable or complete differs from the spec fails
+    the self-check: no pool (and no native allocator) is built on it."""
+    name, old, new = wrong
+    real = native_source.module_source
+
+    def changed(spec, invariants, *rules):
+        src = real(spec, invariants, *rules)
+        head, _, rest = src.partition(f"def {name}(")
+        body, sep, tail = rest.partition("\n\n\n")
+        assert old in body
+        return head + f"def {name}(" + body.replace(old, new, 1) + sep + tail
+
+    monkeypatch.setenv("PAGEDKV_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native_source, "module_source", changed)
+    monkeypatch.setattr(native, "_BY_SPEC", {})
+    with pytest.raises(NativeUnavailable, match="disagrees with the spec"):
+        NativeAllocator(8, 4)
+
+
+def test_a_request_spec_passed_in_is_the_one_that_runs():
+    """A commit rule weakened in the spec passed in (commits past the known tokens) lets a
+    commit through in both allocators alike; the spec as written refuses it."""
+    def lax_bounds(ops, new, issued, known):  # the known-tokens condition dropped
+        return [spec_requests.pos_le(ops, new, issued), True]
+
+    lax = REQUEST_SPEC.replace(commit_bounds=lax_bounds)
+
+    def world(cls, spec):
+        a = cls(16, 4, spec=spec)
+        a.add_request("a", [1, 2, 3, 4, 5])
+        a.allocate("a", 6)  # one position past the known tokens (in a block not full)
+        a.publish(["a"]).complete()
+        return a
+
+    for cls in (BlockAllocator, NativeAllocator):
+        with pytest.raises(TokensUnknown):
+            world(cls, None).commit("a", 6)
+        a = world(cls, lax)
+        a.commit("a", 6)
+        assert a.num_computed("a") == 6
+    assert NativeAllocator(16, 4, spec=lax).mod is not NativeAllocator(16, 4).mod
+
+
+def test_step_loops_are_loaded_at_construction():
+    """A new allocator has called each step loop once (on copies): none compiles or loads
+    inside a step, and the pool it builds is untouched."""
+    a = NativeAllocator(8, 4)
+    for name in ("grow_running", "launch_rows", "complete_and_commit", "count_known"):
+        assert getattr(a.mod, name).signatures, name
+    assert snapshot(a.pool) == snapshot(NativePool(8, 4))
+    assert a.pool.launches() == set()
+
+
+def test_launch_tables_and_generations_are_blockallocators():
+    pair = _world()
+    ref_launch, nat_launch = pair.launches[0]
+    for field in ("block_tables", "table_generations", "seq_lens", "query_lens",
+                  "slot_mapping"):
+        assert np.array_equal(getattr(ref_launch, field), getattr(nat_launch, field)), field
+        assert getattr(nat_launch, field).dtype == getattr(ref_launch, field).dtype, field
+    assert not nat_launch.block_tables.flags.writeable
+    nat_launch.check_current()

@@ -1,0 +1,178 @@
+"""NativeDriver: vLLM's scheduler calls over the native step path, with PagedKVDriver's decisions.
+
+The anchor's traces run through both drivers, by the per-request loop (``traces.simulate``)
+and by the batched one (``benchmarks/batched_loop.py``): every recorded result (hits, new
+blocks, refusals, preemptions) must be the same, step by step. The driver's own refusals of
+bad calls change nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from anchor_paths import VLLM_KVCACHE_CANDIDATES
+
+pytest.importorskip("numba")
+
+from pagedkv.allocator import InvalidArgument  # noqa: E402
+from pagedkv.engine import driver as pk_driver  # noqa: E402
+from pagedkv.engine import native_driver  # noqa: E402
+from pagedkv.proofs.native_refinement import snapshot  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+_CANDIDATES = [Path(p) for p in VLLM_KVCACHE_CANDIDATES]
+ANCHOR = next((p for p in _CANDIDATES if (p / "traces.py").is_file()), None)
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def loops() -> Any:
+    if ANCHOR is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true: the anchor's traces.py must be there; looked in "
+                        + ", ".join(map(str, _CANDIDATES)))
+        pytest.skip("the vLLM anchor's traces.py is not on this machine")
+    return _load("anchor_traces_native", ANCHOR / "traces.py"), _load(
+        "batched_loop_native", ROOT / "benchmarks" / "batched_loop.py")
+
+
+def _trace(traces: Any, seed: int) -> list[dict]:
+    return traces.make_trace(seed, num_requests=40, prompt_len=(8, 120), output_len=(4, 40),
+                             system_len=(8, 64), burst=24)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("blocks", [96, 160])
+def test_the_batched_loop_makes_the_same_decisions_through_both_drivers(loops, seed, blocks):
+    traces, batched = loops
+    trace = _trace(traces, seed)
+    want: list[tuple] = []
+    got: list[tuple] = []
+    ref = batched.run(trace, pk_driver.make(blocks, 8), token_budget=256, max_running=16,
+                      record_ops=want)
+    d = native_driver.make_checked(blocks, 8)
+    out = batched.run(trace, d, token_budget=256, max_running=16, record_ops=got)
+    assert got == want
+    assert out["steps"] == ref["steps"] and out["hit_tokens"] == ref["hit_tokens"]
+    assert {op for _, op, *_ in got} >= {"add", "allocate", "commit", "append", "free"}
+    assert list(d.alloc.requests) == [native_driver._NULL]  # everything was freed
+    assert d.alloc.pool.structure_errors() == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_per_request_loop_makes_the_same_decisions_through_both_drivers(loops, seed):
+    traces, _ = loops
+    trace = _trace(traces, seed)
+    want: list[tuple] = []
+    got: list[tuple] = []
+    ref = traces.simulate(trace, pk_driver.make(96, 8), token_budget=256, max_running=16,
+                          record_ops=want)
+    out = traces.simulate(trace, native_driver.make(96, 8), token_budget=256,
+                          max_running=16, record_ops=got)
+    assert got == want
+    assert out["totals"]["preempted"] == ref["totals"]["preempted"] > 0
+    assert out["totals"]["hit_tokens"] == ref["totals"]["hit_tokens"] > 0
+
+
+def test_observations_match_the_manager_drivers():
+    pk, nat = pk_driver.make(64, 4), native_driver.make(64, 4)
+    for d in (pk, nat):
+        assert d.add("a", list(range(10))) == 0
+        assert d.allocate("a", 10) is not None
+        d.commit("a", 10)
+        d.append("a", 5)
+        assert d.add("b", list(range(10))) == 8  # two full blocks cached, never the last
+    for name in ("usage", "num_free", "num_evictable"):
+        assert getattr(pk, name)() == getattr(nat, name)(), name
+    for name in ("block_ids", "num_tokens", "num_computed", "status", "table_len"):
+        assert getattr(pk, name)("a") == getattr(nat, name)("a"), name
+    want, got = pk.prefix_stats(), nat.prefix_stats()
+    for key in ("lookups", "requests", "queries", "hits", "hit_rate"):
+        assert want[key] == got[key], key
+
+
+def _running(n: int = 3) -> native_driver.NativeDriver:
+    d = native_driver.make(64, 4)
+    for i in range(n):
+        d.add(f"r{i}", list(range(i, i + 6)))
+        d.allocate(f"r{i}", 6)
+    d.commit_many([(f"r{i}", 6) for i in range(n)])
+    d.append_many([(f"r{i}", 9) for i in range(n)])
+    return d
+
+
+def _state(d: native_driver.NativeDriver) -> Any:
+    return (snapshot(d.alloc.pool), {r: d.block_ids(r) for r in d.requests},
+            {r: (d.num_computed(r), d.num_tokens(r), d.status(r)) for r in d.requests},
+            dict(d._scheduled), set(d._launched))
+
+
+@pytest.mark.parametrize("call,error", [
+    (lambda d: d.allocate_running(["r0", "zz"], [1, 1]), KeyError),
+    (lambda d: d.allocate_running(["r0", "r1"], [1, 0]), ValueError),
+    (lambda d: d.allocate_running(["r0", "r1"], [1, -2]), ValueError),
+    (lambda d: d.allocate_running(["r0", "r1"], [1, 2.5]), TypeError),
+    (lambda d: d.allocate_running(["r0", "r0"], [1, 1]), ValueError),
+    (lambda d: d.allocate_running(["r0", "r1"], [1]), ValueError),
+    (lambda d: d.commit_many([("r0", 7), ("r1", 99)]), ValueError),
+    (lambda d: d.commit_many([("r0", 7), ("r1", 3)]), ValueError),
+    (lambda d: d.commit_many([("r0", 7), ("r1", 6.5)]), ValueError),
+    (lambda d: d.append_many([("r0", 1), ("r0", 2)]), ValueError),
+    (lambda d: d.append_many([("r0", 1), ("r1", "x")]), InvalidArgument),
+])
+def test_a_refused_step_level_call_changes_nothing(call, error):
+    d = _running()
+    d.step()
+    d.allocate_running(["r0"], [1])
+    before = _state(d)
+    with pytest.raises(error):
+        call(d)
+    assert _state(d) == before
+
+
+def test_a_waiting_request_refuses_step_level_calls():
+    d = _running()
+    d.add("w", list(range(30, 36)))
+    with pytest.raises(ValueError, match="not running"):
+        d.allocate_running(["r0", "w"], [1, 1])
+    with pytest.raises(ValueError, match="not running"):
+        d.commit_many([("w", 1)])
+    d.append_many([("w", 5), ("r0", 6)])  # a waiting request takes its sampled tokens too
+    assert d.num_tokens("w") == 7 and d.num_tokens("r0") == 8
+
+
+def test_a_running_pass_stops_at_the_first_request_that_does_not_fit():
+    d = native_driver.make(12, 4)  # 11 usable blocks
+    rids = ["r0", "r1", "r2"]
+    for i, rid in enumerate(rids):
+        d.add(rid, list(range(i, i + 12)))
+        d.allocate(rid, 4)
+    d.commit_many([(rid, 4) for rid in rids])
+    got = d.allocate_running(rids, [8, 8, 8])  # 2 blocks each: 2 left
+    assert [len(g) for g in got] == [2, 2, 2]
+    d.commit_many([(rid, 12) for rid in rids])
+    got = d.allocate_running(rids, [4, 8, 4])  # 1 block, then 2 (only 1 left): stop
+    assert [len(g) for g in got] == [1]
+    assert [d.alloc.num_reserved(r) for r in rids] == [16, 12, 12]
+    assert d.num_free() == 1
+
+
+def test_preemption_keeps_the_tokens_and_their_hashes():
+    d = _running(1)
+    hashes = list(d.alloc._requests["r0"].hashes)
+    d.preempt("r0")
+    assert d.status("r0") == "PREEMPTED" and d.num_computed("r0") == 0
+    d.append_many([("r0", 4)])  # sampled meanwhile (async): kept with its tokens
+    assert d.add("r0") == 4  # its own first block was cached when its launch completed
+    assert d.alloc._requests["r0"].hashes[:len(hashes)] == hashes
+    assert d.num_tokens("r0") == 8
