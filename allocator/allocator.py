@@ -910,39 +910,44 @@ class BlockAllocator(RequestBook):
         # begin_write), and whoever lets one go last retires it at a clock > L.
         for rid, src in sources:
             pool.release(src, rid)
-        rows = [req.row for req in reqs]
-        starts = [req.issued for req in reqs]
-        seq_lens = [req.reserved for req in reqs]
-        # the longest table: the launch's tables are at least as wide (take)
-        width = max([len(req.table) for req in reqs])
         writes: list[tuple[int, Hashable, int]] = []
+        written: list[int] = []  # the blocks of ``writes``
         first_slots: list[int] = []  # per write: the slot of its first position ...
         counts: list[int] = []  # ... and how many positions it writes
-        add_write, add_slot, add_count = writes.append, first_slots.append, counts.append
+        starts: list[int] = []
+        seq_lens: list[int] = []
+        rows: list[int] = []
+        width = 0  # the longest table: the launch's tables are at least as wide (take)
         for req in reqs:
             table = req.table
-            req.published = len(table)
+            req.published = n = len(table)
+            if n > width:
+                width = n
+            rows.append(req.row)
             issued, reserved = req.issued, req.reserved
+            starts.append(issued)
+            seq_lens.append(reserved)
             if issued == reserved:
                 continue
             req.issued = reserved
             i, offset = divmod(issued, B)  # the first block is written from offset on
             if reserved <= (i + 1) * B:  # one block written (a decode step): no split needed
                 b = table[i]
-                add_slot(b * B + offset)
-                add_count(reserved - issued)
+                first_slots.append(b * B + offset)
+                counts.append(reserved - issued)
                 # a copy writes the shared slots too
-                add_write((b, req.rid, reserved - i * B if b in copied else reserved - issued))
+                writes.append((b, req.rid, reserved - i * B if b in copied else reserved - issued))
+                written.append(b)
                 continue
             for i, w in writes_per_block(B, issued, reserved).items():
                 b = table[i]
-                add_slot(b * B + offset)
-                add_count(w)
+                first_slots.append(b * B + offset)
+                counts.append(w)
                 if b in copied:
                     w += offset  # the copy writes the shared slots too
                 offset = 0  # the blocks after the first are written from their slot 0
-                add_write((b, req.rid, w))
-        written = [w[0] for w in writes]  # the blocks of ``writes``
+                writes.append((b, req.rid, w))
+                written.append(b)
         if writes:
             pool.run_many("begin_write", writes)
         bt, tg = self._rows.take(rows, width)

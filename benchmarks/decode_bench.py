@@ -22,6 +22,10 @@ and checked): ``allocate_many`` of one more position each (the allocate column),
 ``publish`` of the batch, its completion and ``commit_many`` (commit), ``append_tokens_many``
 of the sampled tokens (append). No per-request call crosses the engine front door there: the
 difference from the ``pagedkv`` rows is what the per-request, vLLM-shaped calls cost.
+
+The native rows: ``native step-level`` makes the same step-level calls on ``NativeAllocator``
+(each one native loop over the batch); ``native driver`` makes the vLLM-shaped per-request
+calls on ``pagedkv.engine.native_driver`` (the native step path behind the anchor's calls).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ CALLS = ("step", "allocate", "commit", "append")
 def runners() -> dict[str, Callable[..., dict[str, float]]]:
     """Each row's round: ``run(n, steps, prompt, block_size, seed)``, seconds per request and
     step of each call."""
+    from pagedkv.engine import native_driver
     from pagedkv.engine.driver import make, make_checked
 
     if not (ANCHOR / "vllm_kv.py").is_file():
@@ -57,7 +62,9 @@ def runners() -> dict[str, Callable[..., dict[str, float]]]:
             "step-level": partial(one_round_step_level, False),
             "step-level checked": partial(one_round_step_level, True),
             "native step-level": partial(one_round_step_level, False, native=True),
-            "native step-level checked": partial(one_round_step_level, True, native=True)}
+            "native step-level checked": partial(one_round_step_level, True, native=True),
+            "native driver": partial(one_round, native_driver.make),
+            "native driver checked": partial(one_round, native_driver.make_checked)}
 
 
 def pool_blocks(n: int, steps: int, prompt: int, block_size: int) -> int:

@@ -50,6 +50,12 @@ DRIVERS = {"vllm": "vllm_kv:make", "pagedkv": "pagedkv.engine.driver:make",
 # The same trace through pagedkv's step-level calls (benchmarks/batched_loop.py).
 STEP_LEVEL = {"step-level": "pagedkv.engine.driver:make",
               "step-level checked": "pagedkv.engine.driver:make_checked"}
+# The native step path (pagedkv.engine.native_driver over NativeAllocator), both loops; with
+# --native (needs numba).
+NATIVE_DRIVERS = {"native": "pagedkv.engine.native_driver:make",
+                  "native checked": "pagedkv.engine.native_driver:make_checked"}
+NATIVE_STEP_LEVEL = {"native step-level": "pagedkv.engine.native_driver:make",
+                     "native step-level checked": "pagedkv.engine.native_driver:make_checked"}
 
 
 def load_bench() -> Any:
@@ -86,10 +92,15 @@ def timing_launches(driver: str) -> Iterator[list[int]]:
     def make(*args: Any, **kwargs: Any) -> Any:
         kv = factory(*args, **kwargs)
         if not made:
-            alloc = kv.manager.allocator
-            # set before any launch exists: each Launch keeps the completion it is given
-            alloc.publish = timed(alloc.publish)
-            alloc._complete = timed(alloc._complete)
+            if hasattr(kv, "manager"):
+                alloc = kv.manager.allocator
+                # set before any launch exists: each Launch keeps the completion it is given
+                alloc.publish = timed(alloc.publish)
+                alloc._complete = timed(alloc._complete)
+            else:  # the native driver: its launch, and its completion with the commits
+                alloc = kv.alloc
+                alloc._launch = timed(alloc._launch)
+                alloc._complete_and_commit = timed(alloc._complete_and_commit)
         made.append(kv)
         return kv
 
@@ -145,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-running", type=int, default=256)
     ap.add_argument("--no-caching", action="store_true")
     ap.add_argument("--json", help="write both runs' figures to this file")
+    ap.add_argument("--native", action="store_true",
+                    help="also run the native step path (NativeDriver), both loops")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the three drivers this many times, interleaved, and report each "
                          "driver's fastest run (the least disturbed by the machine's drift)")
@@ -153,9 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be >= 1")
     bench = load_bench()
     out: dict[str, Any] = {}
-    totals: dict[str, list[float]] = {name: [] for name in (*DRIVERS, *STEP_LEVEL)}
+    drivers = {**DRIVERS, **(NATIVE_DRIVERS if args.native else {})}
+    step_level = {**STEP_LEVEL, **(NATIVE_STEP_LEVEL if args.native else {})}
+    totals: dict[str, list[float]] = {name: [] for name in (*drivers, *step_level)}
     for r in range(args.rounds):
-        for name, driver in DRIVERS.items():
+        for name, driver in drivers.items():
             ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "rounds"},
                                     no_gc=False, driver=driver)
             if name == "vllm":
@@ -171,17 +186,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {name} ({driver})")
                 print(bench.table(o))
                 print()
-        for name, driver in STEP_LEVEL.items():
+        for name, driver in step_level.items():
             o = run_step_level(bench, args, driver)
             totals[name].append(o["allocator"]["total_s"])
             if name not in out or o["allocator"]["total_s"] < out[name]["allocator"]["total_s"]:
                 out[name] = o
         if args.rounds > 1:
-            v_s, p_s, c_s, s_s, sc_s = (totals[name][-1] for name in totals)
-            print(f"round {r + 1}: allocator s vLLM {v_s:.2f}, pagedkv {p_s:.2f} "
-                  f"({p_s / v_s:.2f}x), checked {c_s:.2f} ({c_s / v_s:.2f}x), step-level "
-                  f"{s_s:.2f} ({s_s / v_s:.2f}x), step-level checked {sc_s:.2f} "
-                  f"({sc_s / v_s:.2f}x)", flush=True)
+            v_s = totals["vllm"][-1]
+            print(f"round {r + 1}: allocator s vLLM {v_s:.3f}; "
+                  + ", ".join(f"{name} {t[-1]:.3f} ({t[-1] / v_s:.2f}x)"
+                              for name, t in totals.items() if name != "vllm"), flush=True)
     if args.rounds > 1:
         print(f"\nthe fastest of {args.rounds} runs of each driver:\n")
         for name in out:
@@ -218,26 +232,32 @@ def print_step_level(out: dict[str, Any]) -> None:
     """Milliseconds per op and in all, per-request calls beside the step-level ones (same
     decisions: the steps, preemptions and prefix hits must agree with the per-request run)."""
     p = out["pagedkv"]["run"]
-    for name in STEP_LEVEL:
+    for name in (*STEP_LEVEL, *NATIVE_DRIVERS, *NATIVE_STEP_LEVEL):
+        if name not in out:
+            continue
         s = out[name]["run"]
         same = all(s[k] == p[k] for k in ("steps", "preemptions", "prefix_hit_tokens"))
         if not same:
             raise SystemExit(f"step_bench: the {name} run decided otherwise than the "
                              f"per-request one: {s} vs {p}")
-    names = ["vllm", "pagedkv", "step-level", "pagedkv checked", "step-level checked"]
+    names = [n for n in ("vllm", "pagedkv", "step-level", "pagedkv checked",
+                         "step-level checked", *NATIVE_DRIVERS, *NATIVE_STEP_LEVEL)
+             if n in out]
     print("\nallocator ms by op (step-level: one call per step for allocate, commit and "
           "append; same decisions as the per-request run)")
-    print(f"{'':22s}" + "".join(f"{n:>20s}" for n in names))
+    print(f"{'':22s}" + "".join(f"{n:>27s}" for n in names))
     for op in out["vllm"]["op_breakdown"]:
         print(f"  {op:20s}" + "".join(
-            f"{out[n]['op_breakdown'][op]['total_ms']:20.1f}" for n in names))
-    print(f"  {'launch (in commit)':20s}{'-':>20s}" + "".join(
-        f"{out[n]['launch']['total_s'] * 1e3:20.1f}" for n in names[1:]))
+            f"{out[n]['op_breakdown'][op]['total_ms']:27.1f}" for n in names))
+    print(f"  {'launch (in commit)':20s}{'-':>27s}" + "".join(
+        f"{out[n]['launch']['total_s'] * 1e3:27.1f}" for n in names[1:]))
     v = out["vllm"]["allocator"]["total_s"]
     print(f"{'allocator s':22s}" + "".join(
-        f"{out[n]['allocator']['total_s']:20.3f}" for n in names))
+        f"{out[n]['allocator']['total_s']:27.3f}" for n in names))
     print(f"{'/ vLLM':22s}" + "".join(
-        f"{out[n]['allocator']['total_s'] / v:20.2f}" for n in names))
+        f"{out[n]['allocator']['total_s'] / v:27.2f}" for n in names))
+    print(f"{'speed x vLLM':22s}" + "".join(
+        f"{v / out[n]['allocator']['total_s']:27.2f}" for n in names))
 
 
 if __name__ == "__main__":
