@@ -380,12 +380,15 @@ class NativePool:
         self._check_clock(name, L)
 
     def _check_clock(self, name: str, L: int | None) -> None:
+        """Checked mode: the clock's invariants after a clock transition, at launch L (the
+        watermark for an advance), in their native form (``clock_each``)."""
         if self.checked:
-            for inv in clock_invariants():
-                at = int(self.M[CLOCK0 + WATERMARK]) if L is None else L
-                args = () if inv.scope == "pool" else (at,)
-                if not inv.pred(CONCRETE, self.view, *args):
-                    raise InvariantViolation(inv.name, f"after {name}")
+            at = int(self.M[CLOCK0 + WATERMARK]) if L is None else L
+            values = self.mod.clock_each(self.B, self.M, self.H, self.K, self.X, at)
+            if not all(values):
+                failed = next(inv for inv, ok in zip(clock_invariants(), values, strict=True)
+                              if not ok)
+                raise InvariantViolation(failed.name, f"after {name}")
 
     def _room_for_launch(self) -> None:
         """The launch set can take one more launch at a load of at most one half (rehashed
@@ -829,6 +832,12 @@ def self_check(mod: ModuleType, spec: Mapping[str, Transition],
                          for inv in invs)
             if tuple(mod.each(pool.B, pool.M, pool.H, pool.K, pool.X, b)) != want:
                 return f"local invariants at block {b}"
+        for L in _PROBE_VALUES["L"]:
+            want = tuple(bool(inv.pred(CONCRETE, pre.view, *(() if inv.scope == "pool"
+                                                               else (L,))))
+                         for inv in clock_invariants())
+            if tuple(mod.clock_each(pool.B, pool.M, pool.H, pool.K, pool.X, L)) != want:
+                return f"clock invariants at launch {L}"
     return _rules_disagree(mod, rules)
 
 

@@ -228,6 +228,23 @@ def invariants_source(invariants: list[Any]) -> str:
             f"    return -1\n")
 
 
+def clock_invariants_source(invariants: list[Any]) -> str:
+    """``clock_each(L)``: the values of the clock's invariants (the pool-wide ones that sum
+    over nothing, and the launch-scoped ones at launch L), natively, for checked mode."""
+    terms = []
+    for inv in invariants:
+        if inv.scope == "pool":
+            term = _native(lambda ops, s, L, _p=inv.pred: _p(ops, s), ("L",))
+        else:
+            term = _native(lambda ops, s, L, _p=inv.pred: _p(ops, s, L), ("L",))
+        if term is None:
+            raise _Unsupported(f"invariant {inv.name}")
+        terms.append(f"bool({_truth(term)})")
+    each = ", ".join(terms) + ("," if len(terms) == 1 else "")
+    return (f"@njit(cache=True)\ndef clock_each({_sig('L')}):\n" + GEOMETRY
+            + f"    return ({each})\n")
+
+
 def _constants() -> str:
     from pagedkv import spec
 
@@ -286,19 +303,26 @@ def rules_source(commit_bounds: Any, slots_written: Any) -> str:
 
 
 def module_source(spec: dict[str, Transition], invariants: list[Any],
-                  rules: tuple[Any, Any] | None = None) -> str:
+                  rules: tuple[Any, Any] | None = None,
+                  clock: list[Any] | None = None) -> str:
     """The whole native module for these transitions, local invariants and request rules
     (``commit_bounds``, ``slots_written``): constants, the holds set and the queue
     (``native_policy.py``), one guard/effect/run per transition of ``NATIVE``, the fused
     invariants, the rules and the request layer's step loops (``native_steps.py``). Raises
     ``_Unsupported`` if some spec function cannot be written over the native arrays.
-    ``rules``: default, those of ``spec.REQUEST_SPEC``."""
+    ``rules``: default, those of ``spec.REQUEST_SPEC``; ``clock``: the clock's invariants
+    (default ``pool.clock_invariants()``)."""
     assert NO_BLOCK == -1
     if rules is None:
         rules = (REQUEST_SPEC.commit_bounds, REQUEST_SPEC.slots_written)
+    if clock is None:
+        from .pool import clock_invariants
+
+        clock = clock_invariants()
     parts = [_HEADER, _constants(), POLICY.read_text(), CLOCK.read_text()]
     parts += [transition_source(spec[name]) for name in NATIVE]
     parts.append(invariants_source(invariants))
+    parts.append(clock_invariants_source(clock))
     parts += [rules_source(*rules), STEPS.read_text()]
     return "\n\n".join(parts)
 

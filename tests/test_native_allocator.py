@@ -20,6 +20,7 @@ from pagedkv.allocator import (  # noqa: E402
     BlockPool,
     CommitError,
     InvalidArgument,
+    InvariantViolation,
     OutOfBlocks,
     TokensUnknown,
     native_source,
@@ -184,6 +185,7 @@ def test_many_launches_in_flight_complete_in_any_order():
     ("rule_commit_bounds", "(new_q < issued_q)", "(new_q <= issued_q)"),
     ("g_takeable", "<= M[", "< M["),
     ("e_complete", "discard_launch(M, ", "add_launch(M, "),
+    ("clock_each", "(L < M[6 + 0])", "(L <= M[6 + 0])"),
 ])
 def test_generated_rules_and_clock_that_differ_from_the_spec_are_refused(
         monkeypatch, tmp_path, wrong):
@@ -249,3 +251,16 @@ def test_launch_tables_and_generations_are_blockallocators():
         assert getattr(nat_launch, field).dtype == getattr(ref_launch, field).dtype, field
     assert not nat_launch.block_tables.flags.writeable
     nat_launch.check_current()
+
+
+def test_checked_mode_evaluates_the_clock_invariants_natively():
+    """A watermark moved past the clock by hand is found by checked mode at the next clock
+    transition (the native ``clock_each``); unchecked mode does not look."""
+    for checked in (True, False):
+        pool = NativePool(8, 4, checked=checked)
+        pool.M[native_source.CLOCK0 + 1] = 5  # watermark 5 > issued 0
+        if checked:
+            with pytest.raises(InvariantViolation, match="watermark_bounds"):
+                pool.launch()
+        else:
+            pool.launch()
