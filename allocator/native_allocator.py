@@ -298,6 +298,8 @@ class NativeAllocator(RequestBook):
     def _entries_of_rows(self, rows: np.ndarray, grown: np.ndarray, n: int) -> list[list[int]]:
         """The entries each of ``rows[:n]`` just added (``grown[i]`` of them), as lists."""
         out: list[list[int]] = [[] for _ in range(n)]
+        if n == 1 and not grown[0]:  # a decode step's growth within its table
+            return out
         T, tlen = self.T, self.R[self._R_TLEN]
         for i in np.flatnonzero(grown[:n]).tolist():
             row = int(rows[i])

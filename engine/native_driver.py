@@ -86,6 +86,7 @@ class NativeDriver:
         self._row_of: dict[Hashable, int] = {}
         self._record_of_row: dict[int, Any] = {}
         self._computed = np.zeros(self.alloc.R.shape[1], np.int64)
+        self._one = np.zeros((3, 1), np.int64)  # one request's row, base and count
         self._stats = dict(lookups=0, requests=0, queries=0, hits=0,
                            preempted_requests=0, preempted_queries=0, preempted_hits=0)
 
@@ -122,6 +123,18 @@ class NativeDriver:
         """Admit a waiting request (its lookup's hits and ``num_new_tokens`` more, if its whole
         sequence fits), or grow a running one: the new block ids, or None if they do not fit
         (nothing changed)."""
+        row = self._row_of.get(rid)
+        if row is not None and type(num_new_tokens) is int and num_new_tokens > 0:
+            one = self._one  # the running pass of one request, without building lists
+            one[0, 0], one[1, 0], one[2, 0] = row, self._computed[row], num_new_tokens
+            alloc = self.alloc
+            with alloc._lock:
+                got = alloc.grow_running(one[0], one[1], one[2], (rid,))
+            if not got:
+                return None
+            self._scheduled[rid] = None
+            self._launched.discard(rid)
+            return got[0]
         seq = self.requests[rid]
         if seq.status == RequestStatus.RUNNING:
             got = self.allocate_running([rid], [num_new_tokens])
@@ -172,10 +185,28 @@ class NativeDriver:
         self._launched.discard(rid)  # positions allocated after the launch need another
 
     def commit(self, rid: Any, num_computed_tokens: int) -> None:
-        self.commit_many([(rid, num_computed_tokens)])
+        row = self._row_of.get(rid)
+        if row is None or type(num_computed_tokens) is not int:
+            return self.commit_many([(rid, num_computed_tokens)])
+        one, alloc = self._one, self.alloc
+        with alloc._lock:
+            one[0, 0], one[1, 0] = row, num_computed_tokens
+            computed = int(self._computed[row])
+            if check_commits(alloc.R, one[0], one[1], self._computed, 1) >= 0:
+                self._refuse_commit(rid, num_computed_tokens, computed, row)
+            self._launch_for(rid, num_computed_tokens, computed)
+            self._computed[row] = num_computed_tokens
+        return None
 
     def append(self, rid: Any, token: int) -> None:
-        self.append_many([(rid, token)])
+        row = self._row_of.get(rid)
+        if row is None:
+            return self.append_many([(rid, token)])
+        one, alloc = self._one, self.alloc
+        with alloc._lock:
+            one[0, 0] = row
+            alloc.append_token_many([self._record_of_row[row]], [token], one[0])
+        return None
 
     # ---- step-level calls ------------------------------------------------------------------
     def allocate_running(self, rids: Sequence[Any], num_new_tokens: Sequence[int]
@@ -250,17 +281,24 @@ class NativeDriver:
             i = int(check_commits(alloc.R, rows_a, news_a, self._computed, len(rows)))
             if i >= 0:
                 self._refuse_commit(rids[i], news[i], computed[i], rows[i])
-            launched, scheduled = self._launched, self._scheduled
+            launch_for = self._launch_for
             for rid, n, c in zip(rids, news, computed, strict=True):
-                if n > c and rid not in launched:
-                    if rid in scheduled:
-                        batch = list(scheduled)
-                        launched.update(scheduled)
-                        scheduled.clear()
-                    else:
-                        batch = [rid]
-                    self._run_launch(batch)
+                launch_for(rid, n, c)
             self._computed[rows_a] = news_a
+
+    def _launch_for(self, rid: Hashable, n: int, computed: int) -> None:
+        """A commit of ``rid`` past its ``computed`` positions that no launch of this step
+        covers yet runs one: of every request allocated since ``step()`` if it is one of
+        them, else of it alone."""
+        if n > computed and rid not in self._launched:
+            scheduled = self._scheduled
+            if rid in scheduled:
+                batch = list(scheduled)
+                self._launched.update(scheduled)
+                scheduled.clear()
+            else:
+                batch = [rid]
+            self._run_launch(batch)
 
     def _refuse_commit(self, rid: Hashable, n: Any, computed: int, row: int) -> None:
         R = self.alloc.R
