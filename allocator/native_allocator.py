@@ -327,6 +327,8 @@ class NativeAllocator(RequestBook):
         ok = found[1] == self.mod.STEP_OK
         self._after_growth([self._requests[rid] for rid in rids] if not ok else (),
                            (-1 if ok else found[0], *found[1:]))
+        if not found[2]:  # no table grew (blocks touched: none): a decode step's pass
+            return [[] for _ in range(found[0])]
         return self._entries_of_rows(rows, grown, found[0])
 
     @_locked

@@ -69,7 +69,8 @@ def grow_running(B, M, H, K, X, R, T, rows, bases, counts, n, S, grown, targets)
     the blocks it needs are usable then; the first that does not fit and those after it are
     unchanged. Refused, changing nothing: a non-empty table whose request has fewer positions
     computed than issued (a rollback: ``BlockAllocator.truncate``). Returns (requests grown or
-    the refused one, ``STEP_*``, the refused block, evicted hash slots, touched blocks)."""
+    the refused one, ``STEP_*``, the refused block (when grown: the blocks touched, none if
+    no table grew), evicted hash slots, touched blocks)."""
     Bsz = M[BLOCK_SIZE]
     for i in range(n):
         r = rows[i]
@@ -95,7 +96,7 @@ def grow_running(B, M, H, K, X, R, T, rows, bases, counts, n, S, grown, targets)
     i, status, refused, nev, nt = _grow(B, M, H, K, X, R, T, rows, targets, fit, S, grown)
     if status != STEP_OK:
         return i, status, refused, nev, nt
-    return fit, STEP_OK, -1, nev, nt
+    return fit, STEP_OK, nt, nev, nt
 
 
 @njit(cache=True)

@@ -217,7 +217,7 @@ class NativeDriver:
         counts = list(num_new_tokens)
         rows = self._running_rows(rids)
         if (rows is None or len(counts) != len(rows) or len(set(rows)) != len(rows)
-                or not all(type(n) is int and n > 0 for n in counts)):
+                or (counts and (set(map(type, counts)) != {int} or min(counts) <= 0))):
             counts = self._refuse_running(rids, counts)
             rows = self._running_rows(rids)
         rows_a = np.array(rows, np.int64)
@@ -274,16 +274,17 @@ class NativeDriver:
         with alloc._lock:
             rows_a = np.array(rows, np.int64)
             computed = self._computed[rows_a].tolist()
-            if not all(type(n) is int for n in news):
+            if news and set(map(type, news)) != {int}:
                 bad = next(i for i, n in enumerate(news) if type(n) is not int)
                 self._refuse_commit(rids[bad], news[bad], computed[bad], rows[bad])
             news_a = np.array(news, np.int64)
             i = int(check_commits(alloc.R, rows_a, news_a, self._computed, len(rows)))
             if i >= 0:
                 self._refuse_commit(rids[i], news[i], computed[i], rows[i])
-            launch_for = self._launch_for
+            launched = self._launched
             for rid, n, c in zip(rids, news, computed, strict=True):
-                launch_for(rid, n, c)
+                if n > c and rid not in launched:  # (most are: one launch per step)
+                    self._launch_for(rid, n, c)
             self._computed[rows_a] = news_a
 
     def _launch_for(self, rid: Hashable, n: int, computed: int) -> None:
