@@ -627,10 +627,11 @@ class NativePool:
 
     # ---- reads -----------------------------------------------------------------------------------
     def lookup(self, h: int) -> int | None:
+        """The block registered under digest h, or None."""
         slot = self._hslot.get(h)
         if slot is None:
             return None
-        b = int(self.X[slot])
+        b = self.X.item(slot)  # (a Python int, without a NumPy scalar)
         return None if b == NO_BLOCK else b
 
     def lookup_many(self, hashes: Sequence[int]) -> np.ndarray:
