@@ -22,25 +22,34 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from pagedkv.spec import Transition
+from pagedkv.spec import Transition, initial_request_state, violations
 from pagedkv.spec.request_spec import REQUEST_SPEC, RequestSpec, as_request_spec
 
 from .allocator import (
     _I64_MAX,
     _I64_MIN,
+    Abstraction,
     RequestBook,
     _check_tokens,
     _locked,
     _ordered,
 )
-from .errors import CommitError, InvalidArgument, OutOfBlocks, TokensUnknown
+from .errors import (
+    CommitError,
+    InvalidArgument,
+    InvariantViolation,
+    OutOfBlocks,
+    TokensUnknown,
+)
 from .hashing import normalize_extra_keys
 from .launch import Launch, LaunchAlreadyCompleted
 from .native_pool import ROW, NativePool, native_module
+from .request_view import materialize, request_view
 from .table import MAX_COUNT, check_count
 from .table_rows import launch_width
 
@@ -634,6 +643,44 @@ class NativeAllocator(RequestBook):
         with self._lock:
             return int(self.pool.view.ref[check_count(block_id, "block id",
                                                       self.num_blocks - 1)])
+
+    # ---- the spec view ---------------------------------------------------------------------------
+    def _records(self) -> dict[Hashable, SimpleNamespace]:
+        """Each request as ``BlockAllocator`` keeps it (table, counts, tokens, hashes): what
+        ``request_view`` reads."""
+        R, T = self.R, self.T
+        out = {}
+        for rid, req in self._requests.items():
+            row = req.row
+            out[rid] = SimpleNamespace(
+                table=T[row, :R[self._R_TLEN, row]].tolist(),
+                reserved=int(R[self._R_RESERVED, row]), issued=int(R[self._R_ISSUED, row]),
+                computed=int(R[self._R_COMPUTED, row]), tokens=req.tokens, hashes=req.hashes)
+        return out
+
+    @_locked
+    def abstract(self) -> Abstraction:
+        """The allocator's state mapped to the spec's (``BlockAllocator.abstract``): the
+        pool's, and the request layer's, through the same mapping (``request_view``)."""
+        storage = self.pool.storage()
+        pool = storage.abstract()
+        view = request_view(self._records(), storage)
+        return Abstraction(pool, materialize(view, pool, initial_request_state(pool)))
+
+    @_locked
+    def check_invariants(self) -> None:
+        """Scan everything: the spec's invariants on ``abstract()``, the pool's structure,
+        and each request's known-token count; raise InvariantViolation naming the first
+        that fails."""
+        a = self.abstract()
+        found = violations(a.pool, a.requests) + self.pool.structure_errors()
+        found += [("table_covers_reserved", f"the known tokens of {rid!r} differ")
+                  for rid, req in self._requests.items()
+                  if self.R[self._R_KNOWN, req.row] != len(req.tokens)]
+        if found:
+            name, where = found[0]
+            raise InvariantViolation(name, f"at {where!r}" + (
+                f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
 
     def block_generations(self) -> np.ndarray:
         """Each block's generation (a read-only copy): a launch's ``table_generations``."""

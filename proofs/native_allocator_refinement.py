@@ -157,6 +157,9 @@ def random_workload(seed: int, checked: bool, steps: int = 200) -> AllocatorPair
             got = pair.do("free", lambda a: a.free(pick))
             if got is not None:
                 live.remove(pick)
+    if pair.ref.abstract() != pair.nat.abstract():  # the spec's state, launches in flight
+        raise AssertionError("the spec's states differ (abstract())")
+    pair.nat.check_invariants()
     for ref_launch, nat_launch in pair.launches:
         pair.do("complete", lambda a: (ref_launch if a is pair.ref else nat_launch).complete())
     for rid in list(live):

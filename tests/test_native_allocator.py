@@ -264,3 +264,21 @@ def test_checked_mode_evaluates_the_clock_invariants_natively():
                 pool.launch()
         else:
             pool.launch()
+
+
+@pytest.mark.parametrize("corrupt", ["a table entry", "a known count"])
+def test_check_invariants_scans_the_spec_state_of_the_native_arrays(corrupt):
+    """``abstract()`` is BlockAllocator's (the spec's state, the same mapping) and
+    ``check_invariants`` finds a table entry naming a block its request does not hold, or a
+    known-token count that differs from the tokens."""
+    pair = _world()
+    assert pair.ref.abstract() == pair.nat.abstract()
+    nat = pair.nat
+    nat.check_invariants()
+    row = nat._requests["c"].row
+    if corrupt == "a table entry":
+        nat.T[row, nat.R[nat._R_TLEN, row] - 1] = nat.T[nat._requests["a"].row, 2]
+    else:
+        nat.R[nat._R_KNOWN, row] += 1
+    with pytest.raises(InvariantViolation):
+        nat.check_invariants()
