@@ -49,13 +49,18 @@ from .errors import (
 from .hashing import normalize_extra_keys
 from .launch import Launch, LaunchAlreadyCompleted
 from .native_pool import ROW, NativePool, native_module
+from .native_steps import (  # the row layout the generated module was pasted with
+    R_COMPUTED,
+    R_FIELDS,
+    R_HOLDER,
+    R_ISSUED,
+    R_KNOWN,
+    R_RESERVED,
+    R_TLEN,
+)
 from .request_view import materialize, request_view
 from .table import MAX_COUNT, check_count
 from .table_rows import launch_width
-
-_STEPS_CONSTANTS = ("R_HOLDER", "R_TLEN", "R_RESERVED", "R_ISSUED", "R_PUBLISHED",
-                    "R_COMPUTED", "R_KNOWN", "R_FIELDS")
-
 
 _NO_COPIES = np.empty((0, 2), np.int32)
 _NO_COPIES.flags.writeable = False
@@ -96,8 +101,6 @@ class NativeAllocator(RequestBook):
         rules = (self.spec.commit_bounds, self.spec.slots_written)
         default = rules == (REQUEST_SPEC.commit_bounds, REQUEST_SPEC.slots_written)
         self.mod = self.pool.mod if default else native_module(self.pool.spec, rules)
-        for name in _STEPS_CONSTANTS:
-            setattr(self, f"_{name}", getattr(self.mod, name))
         self.block_size = self.pool.block_size
         self.num_blocks = self.pool.num_blocks
         self.prefix_caching = bool(prefix_caching)
@@ -107,9 +110,8 @@ class NativeAllocator(RequestBook):
         self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = OrderedDict()
         self._inflight: dict[int, Launch] = {}
         self._written: dict[int, np.ndarray] = {}  # the blocks each launch in flight writes
-        self._prefix_hit_tokens = 0
         rows = 16
-        self.R = np.zeros((self._R_FIELDS, rows), np.int64)
+        self.R = np.zeros((R_FIELDS, rows), np.int64)
         self.T = np.full((rows, 16), -1, np.int64)
         self._free_rows = list(range(rows - 1, -1, -1))
         self._S = np.empty((3, 2 * self.num_blocks + 2), np.int64)  # never fills: see grow
@@ -129,7 +131,7 @@ class NativeAllocator(RequestBook):
         empty = np.empty((0, 1), np.int32)
         mod.launch_rows(*arrays, none, 0, none, none, none, none, empty, empty)
         mod.commit_scan(*arrays, none, none, 0, F)
-        mod.commit_blocks(*arrays[:5], none, none, none, 0, none)
+        mod.commit_blocks(*arrays[:5], none, none, none, 0)
         mod.complete_and_commit(*arrays, none, 0, 0, none, 0, none, F)
         mod.count_known(arrays[1], arrays[5], none, 0, none)
         mod.count_takeable(*arrays[:5], none, 0)
@@ -194,8 +196,8 @@ class NativeAllocator(RequestBook):
         self.pool.open_holder(rid)
         req.row = row = self._new_row()
         self.R[:, row] = 0
-        self.R[self._R_HOLDER, row] = self.pool._slot[rid]
-        self.R[self._R_KNOWN, row] = len(req.tokens)
+        self.R[R_HOLDER, row] = self.pool._slot[rid]
+        self.R[R_KNOWN, row] = len(req.tokens)
         self._requests[rid] = req
         return req
 
@@ -213,7 +215,7 @@ class NativeAllocator(RequestBook):
         return self._extend(self._req(rid), num_tokens)
 
     def _extend(self, req: _NativeRequest, num_tokens: Any) -> list[int]:
-        if self.R[self._R_TLEN, req.row]:
+        if self.R[R_TLEN, req.row]:
             return self._grow_rows([req], [num_tokens])[0]
         return self._admit(req, num_tokens)
 
@@ -223,9 +225,9 @@ class NativeAllocator(RequestBook):
         looked them up under the same lock), shared, then new blocks."""
         num_tokens = check_count(num_tokens, "num_tokens")
         row, B, R = req.row, self.block_size, self.R
-        if num_tokens < R[self._R_RESERVED, row]:
+        if num_tokens < R[R_RESERVED, row]:
             raise InvalidArgument(f"request {req.rid!r} already covers "
-                                  f"{R[self._R_RESERVED, row]} positions; tables only grow")
+                                  f"{R[R_RESERVED, row]} positions; tables only grow")
         if hits is None:
             hits = self._hits(req)
         reserved = max(num_tokens, len(hits) * B)
@@ -239,13 +241,12 @@ class NativeAllocator(RequestBook):
         if hits:
             pool.share_many(req.rid, hits)
             self.T[row, :len(hits)] = hits
-            R[self._R_COMPUTED, row] = R[self._R_ISSUED, row] = len(hits) * B
-            self._prefix_hit_tokens += len(hits) * B
-        R[self._R_TLEN, row] = len(hits)
+            R[R_COMPUTED, row] = R[R_ISSUED, row] = len(hits) * B
+        R[R_TLEN, row] = len(hits)  # (the table holds the hits should a take be refused)
         if need > 0:
             self.T[row, len(hits):entries] = pool.take_many(req.rid, need)
-        R[self._R_TLEN, row] = entries
-        R[self._R_RESERVED, row] = reserved
+        R[R_TLEN, row] = entries
+        R[R_RESERVED, row] = reserved
         return self.T[row, :entries].tolist()
 
     @_locked
@@ -288,7 +289,7 @@ class NativeAllocator(RequestBook):
         rid = reqs[i].rid
         if status == mod.STEP_SHRINKS:
             raise InvalidArgument(
-                f"request {rid!r} already covers {self.R[self._R_RESERVED, reqs[i].row]} "
+                f"request {rid!r} already covers {self.R[R_RESERVED, reqs[i].row]} "
                 "positions; tables only grow")
         if status == mod.STEP_EMPTY_TABLE:
             raise InvalidArgument(
@@ -298,6 +299,8 @@ class NativeAllocator(RequestBook):
             raise InvalidArgument(
                 f"request {rid!r} has fewer positions computed than issued: rolling back "
                 "is BlockAllocator.truncate's")
+        if status != mod.STEP_REFUSED:  # pragma: no cover - the rows are widened first
+            raise AssertionError(f"growth loop status {status} for {rid!r}")
         pool._refuse("allocate", b=detail, r=rid)  # a guard refused: its typed error
 
     def _entries_added(self, reqs: Sequence[_NativeRequest], grown: np.ndarray,
@@ -309,7 +312,7 @@ class NativeAllocator(RequestBook):
         out: list[list[int]] = [[] for _ in range(n)]
         if n == 1 and not grown[0]:  # a decode step's growth within its table
             return out
-        T, tlen = self.T, self.R[self._R_TLEN]
+        T, tlen = self.T, self.R[R_TLEN]
         for i in np.flatnonzero(grown[:n]).tolist():
             row = int(rows[i])
             end = int(tlen[row])
@@ -346,7 +349,7 @@ class NativeAllocator(RequestBook):
         req = self._req(rid)
         req.tokens.extend(_check_tokens(token_ids))
         self._extend_hashes(req)
-        self.R[self._R_KNOWN, req.row] = len(req.tokens)
+        self.R[R_KNOWN, req.row] = len(req.tokens)
 
     @_locked
     def append_tokens_many(self, updates: Sequence[tuple[Hashable, Sequence[int]]]) -> None:
@@ -359,7 +362,7 @@ class NativeAllocator(RequestBook):
             if (len(req.hashes) + 1) * B <= len(req.tokens):  # a block filled: hash it
                 self._extend_hashes(req)
         if checked:
-            self.R[self._R_KNOWN, self._rows_of([req for req, _ in checked])] = [
+            self.R[R_KNOWN, self._rows_of([req for req, _ in checked])] = [
                 len(req.tokens) for req, _ in checked]
 
     def append_token_many(self, reqs: Sequence[_NativeRequest], tokens: Sequence[Any],
@@ -455,28 +458,34 @@ class NativeAllocator(RequestBook):
                 return
             pool, L = self.pool, launch.seq
             written = self._written[L]
-            failed, refused, advanced = self.mod.complete_launch(
-                pool.B, pool.M, pool.H, pool.K, pool.X, written, len(written), L)
-            if pool.checked:
-                pool._check_touched("end_write", written,
-                                    len(written) if failed < 0 else failed)
-            if failed >= 0:
-                pool._refuse("end_write", b=int(written[failed]))
-            if refused:
-                pool._refuse("complete", L=L)
-            pool._check_clock("complete", L)
-            launch.completed = True
-            del self._inflight[L], self._written[L]
-            if advanced:
-                pool._check_clock("advance", None)
-                pool._drain()
+            self._completed(launch, written, *self.mod.complete_launch(
+                pool.B, pool.M, pool.H, pool.K, pool.X, written, len(written), L))
+
+    def _completed(self, launch: Launch, written: np.ndarray, failed: int, refused: bool,
+                   advanced: int) -> None:
+        """After ``complete_launch`` ran (its results): the refusal raised (nothing was
+        completed then), checked mode's checks, the launch marked completed and forgotten,
+        the retire queue drained up to the new watermark."""
+        pool, L = self.pool, launch.seq
+        if pool.checked:
+            pool._check_touched("end_write", written, len(written) if failed < 0 else failed)
+        if failed >= 0:
+            pool._refuse("end_write", b=int(written[failed]))
+        if refused:
+            pool._refuse("complete", L=L)
+        pool._check_clock("complete", L)
+        launch.completed = True
+        del self._inflight[L], self._written[L]
+        if advanced:
+            pool._check_clock("advance", None)
+            pool._drain()
 
     def _complete_and_commit(self, launch: Launch, rows: np.ndarray) -> None:
         """Complete ``launch`` (of the requests at ``rows``, in order) and commit for each
         what it wrote whose token ids are known, in one native loop: ``launch.complete()``,
         then ``commit_many`` of ``min(reserved, known)`` each (a front door's commit at
         completion). Under the caller's lock."""
-        pool, L, n = self.pool, launch.seq, len(rows)
+        L, n = launch.seq, len(rows)
         if launch.completed:
             raise LaunchAlreadyCompleted(f"{launch!r} already completed")
         written = self._written[L]
@@ -485,16 +494,7 @@ class NativeAllocator(RequestBook):
         news = np.empty(n, np.int64)
         failed, refused, advanced, i, status, _, nf = self.mod.complete_and_commit(
             *self._arrays, written, len(written), L, rows, n, news, self._filled)
-        if failed >= 0 or refused:  # nothing completed: the checked path says why
-            self._complete(launch, True)
-        if pool.checked:
-            pool._check_touched("end_write", written, len(written))
-            pool._check_clock("complete", L)
-        launch.completed = True
-        del self._inflight[L], self._written[L]
-        if advanced:
-            pool._check_clock("advance", None)
-            pool._drain()
+        self._completed(launch, written, failed, refused, advanced)
         if status != self.mod.STEP_OK:  # the commits are refused (none made): say why
             self._commit_rows(launch.rids, news.tolist(), rows)
         nf = int(nf)
@@ -541,16 +541,16 @@ class NativeAllocator(RequestBook):
                                                np.array(counts, np.int64), n, filled)
         if status != mod.STEP_OK:
             rid, new, row = rids[i], counts[i], int(rows[i])
-            computed, issued = R[self._R_COMPUTED, row], R[self._R_ISSUED, row]
+            computed, issued = R[R_COMPUTED, row], R[R_ISSUED, row]
             if status == mod.STEP_BELOW_COMPUTED:
                 raise CommitError(f"{rid!r} already committed {computed} positions")
             if status == mod.STEP_NOT_ISSUED:
                 raise CommitError(f"cannot commit {new} positions of {rid!r}: launches "
                                   f"were issued for {issued} "
-                                  f"(allocated {R[self._R_RESERVED, row]})")
+                                  f"(allocated {R[R_RESERVED, row]})")
             if status == mod.STEP_NOT_KNOWN:
                 raise TokensUnknown(f"cannot commit {new} positions of {rid!r}: only "
-                                    f"{R[self._R_KNOWN, row]} token ids are known "
+                                    f"{R[R_KNOWN, row]} token ids are known "
                                     "(append_tokens first)")
             raise CommitError(f"block {block} of {rid!r} has a writing launch still "
                               "pending")
@@ -569,16 +569,15 @@ class NativeAllocator(RequestBook):
         digests: list[int] = []
         for req, first, full in filled:
             blocks += T[req.row, first:full].tolist()
-            holders += [int(R[self._R_HOLDER, req.row])] * (full - first)
+            holders += [int(R[R_HOLDER, req.row])] * (full - first)
             digests += req.hashes[first:full]
         intern = pool._hash_slot
         slots = [intern(h) for h in digests]
         n = len(blocks)
-        done = np.empty(n, np.int64)
         bs = np.array(blocks, np.int64)
         failed = self.mod.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X, bs,
                                         np.array(holders, np.int64), np.array(slots, np.int64),
-                                        n, done)
+                                        n)
         for slot in slots:
             pool._release_hash(slot)  # the digest of a block not committed goes
         if pool.checked:
@@ -594,7 +593,7 @@ class NativeAllocator(RequestBook):
         and forget the request (spec: release each, close_holder)."""
         req = self._req(rid)
         row, pool = req.row, self.pool
-        tlen = int(self.R[self._R_TLEN, row])
+        tlen = int(self.R[R_TLEN, row])
         if tlen:
             pool.release_many(rid, self.T[row, tlen - 1::-1].copy())
         pool.close_holder(rid)
@@ -614,20 +613,20 @@ class NativeAllocator(RequestBook):
     @_locked
     def block_table(self, rid: Hashable) -> list[int]:
         req = self._req(rid)
-        return self.T[req.row, :self.R[self._R_TLEN, req.row]].tolist()
+        return self.T[req.row, :self.R[R_TLEN, req.row]].tolist()
 
     def _position(self, rid: Hashable, field: int) -> int:
         with self._lock:
             return int(self.R[field, self._req(rid).row])
 
     def num_computed(self, rid: Hashable) -> int:
-        return self._position(rid, self._R_COMPUTED)
+        return self._position(rid, R_COMPUTED)
 
     def num_reserved(self, rid: Hashable) -> int:
-        return self._position(rid, self._R_RESERVED)
+        return self._position(rid, R_RESERVED)
 
     def num_issued(self, rid: Hashable) -> int:
-        return self._position(rid, self._R_ISSUED)
+        return self._position(rid, R_ISSUED)
 
     @property
     def requests(self) -> tuple[Hashable, ...]:
@@ -653,9 +652,9 @@ class NativeAllocator(RequestBook):
         for rid, req in self._requests.items():
             row = req.row
             out[rid] = SimpleNamespace(
-                table=T[row, :R[self._R_TLEN, row]].tolist(),
-                reserved=int(R[self._R_RESERVED, row]), issued=int(R[self._R_ISSUED, row]),
-                computed=int(R[self._R_COMPUTED, row]), tokens=req.tokens, hashes=req.hashes)
+                table=T[row, :R[R_TLEN, row]].tolist(),
+                reserved=int(R[R_RESERVED, row]), issued=int(R[R_ISSUED, row]),
+                computed=int(R[R_COMPUTED, row]), tokens=req.tokens, hashes=req.hashes)
         return out
 
     @_locked
@@ -676,7 +675,7 @@ class NativeAllocator(RequestBook):
         found = violations(a.pool, a.requests) + self.pool.structure_errors()
         found += [("table_covers_reserved", f"the known tokens of {rid!r} differ")
                   for rid, req in self._requests.items()
-                  if self.R[self._R_KNOWN, req.row] != len(req.tokens)]
+                  if self.R[R_KNOWN, req.row] != len(req.tokens)]
         if found:
             name, where = found[0]
             raise InvariantViolation(name, f"at {where!r}" + (

@@ -307,21 +307,19 @@ def complete_launch(B, M, H, K, X, written, n, L):
 
 
 @njit(cache=True)
-def commit_blocks(B, M, H, K, X, blocks, holders, hslots, n, done):
+def commit_blocks(B, M, H, K, X, blocks, holders, hslots, n):
     """The spec's ``commit`` of each block whose commit is due (``BlockAllocator``'s
     caching at commit): a PUBLISHED block whose hash is not registered yet, in order (so a
     block of a later request with a hash an earlier one just registered is skipped).
-    ``done[i]``: whether block i was committed. Returns the refused index or -1."""
+    Returns the refused index or -1."""
     for i in range(n):
         b = blocks[i]
         h = hslots[i]
-        done[i] = 0
         if B[ROW_STATE, b] != PUBLISHED or X[h] != NO_BLOCK:
             continue
         if not g_commit(B, M, H, K, X, b, holders[i], h):
             return i
         e_commit(B, M, H, K, X, b, holders[i], h)
-        done[i] = 1
     return -1
 
 

@@ -28,6 +28,7 @@ from pagedkv.allocator import (  # noqa: E402
 from pagedkv.allocator import native_pool as native  # noqa: E402
 from pagedkv.allocator.native_allocator import NativeAllocator  # noqa: E402
 from pagedkv.allocator.native_pool import NativePool, NativeUnavailable  # noqa: E402
+from pagedkv.allocator.native_steps import R_KNOWN, R_TLEN  # noqa: E402
 from pagedkv.proofs.native_allocator_refinement import (  # noqa: E402
     AllocatorPair,
     random_workload,
@@ -277,8 +278,8 @@ def test_check_invariants_scans_the_spec_state_of_the_native_arrays(corrupt):
     nat.check_invariants()
     row = nat._requests["c"].row
     if corrupt == "a table entry":
-        nat.T[row, nat.R[nat._R_TLEN, row] - 1] = nat.T[nat._requests["a"].row, 2]
+        nat.T[row, nat.R[R_TLEN, row] - 1] = nat.T[nat._requests["a"].row, 2]
     else:
-        nat.R[nat._R_KNOWN, row] += 1
+        nat.R[R_KNOWN, row] += 1
     with pytest.raises(InvariantViolation):
         nat.check_invariants()

@@ -44,3 +44,13 @@ def test_readme_native_pool_example_runs(capsys):
     native = next(b for b in blocks if "NativePool" in b)
     exec(compile(native, "README.md (native pool)", "exec"), {})
     assert capsys.readouterr().out.split() == ["True", "1022"]  # b holds two, the rest usable
+
+
+def test_readme_native_step_path_example_runs(capsys):
+    pytest.importorskip("numba")
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    native = next(b for b in blocks if "NativeAllocator" in b)
+    exec(compile(native, "README.md (native step path)", "exec"), {})
+    # b hit a's two cached blocks; two tables of 61 tokens, 4 blocks wide; shared prefix
+    assert capsys.readouterr().out.split() == ["32", "(2,", "4)", "True"]
