@@ -12,7 +12,9 @@ Python processes (best of ``--repeat``):
 - the native pool (``NativePool``, checked; with numba): its import, a pool and a step of
   batched calls in a process whose cache folder is cold (numba compiles the module generated
   from the spec, and the module is self-checked), then warm (numba's cache; the self-check
-  runs again, once per process), and a second pool in the same process.
+  runs again, once per process), and a second pool in the same process;
+- the native step path (``NativeAllocator``, checked; with numba): the same, with a request's
+  prefill and one decode step through its calls.
 
     python benchmarks/startup_bench.py [--repeat 5] [--json out.json]
 """
@@ -83,6 +85,30 @@ print(imported, step(), step())
 """
 
 
+NATIVE_ALLOCATOR_STEP = """
+import time
+t = time.perf_counter()
+from pagedkv.allocator.native_allocator import NativeAllocator
+imported = time.perf_counter() - t
+
+def step():
+    t = time.perf_counter()
+    a = NativeAllocator(64, 16)
+    a.add_request("r", list(range(40)))
+    a.allocate("r", 40)
+    a.publish(["r"]).complete()
+    a.commit("r", 40)
+    a.append_tokens_many([("r", [7])])
+    a.allocate_many([("r", 41)])
+    a.publish(["r"]).complete()
+    a.commit_many([("r", 41)])
+    a.free("r")
+    return time.perf_counter() - t
+
+print(imported, step(), step())
+"""
+
+
 def _run(src: str, **env: str) -> list[float]:
     import os
 
@@ -107,6 +133,15 @@ def run_native(repeat: int) -> dict[str, float]:
     rows["first native pool + step, cold cache (ms)"] = min(r[1] for r in cold) * 1e3
     rows["first native pool + step, warm cache (ms)"] = min(r[1] for r in warm) * 1e3
     rows["next native pool + step (ms)"] = min(r[2] for r in warm) * 1e3
+    cold, warm = [], []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as cache:
+            cold.append(_run(NATIVE_ALLOCATOR_STEP, PAGEDKV_NATIVE_CACHE=cache))
+            warm.append(_run(NATIVE_ALLOCATOR_STEP, PAGEDKV_NATIVE_CACHE=cache))
+    rows["import pagedkv.allocator.native_allocator (ms)"] = min(r[0] for r in warm) * 1e3
+    rows["first native allocator + step, cold cache (ms)"] = min(r[1] for r in cold) * 1e3
+    rows["first native allocator + step, warm cache (ms)"] = min(r[1] for r in warm) * 1e3
+    rows["next native allocator + step (ms)"] = min(r[2] for r in warm) * 1e3
     return rows
 
 
