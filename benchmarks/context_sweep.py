@@ -12,7 +12,7 @@ table, O(context) per call: engines use ``extend`` / ``allocate_many``, which re
 added.) Prints the per-step time (best of ``--repeat``) for
 checked and unchecked mode, per request and per table entry, and each context's time over the
 shortest one's: flat means the step costs O(requests + blocks the step changes), not
-O(context).
+O(context). ``--native`` makes the same calls on ``NativeAllocator`` (the native step path).
 """
 
 from __future__ import annotations
@@ -28,9 +28,15 @@ from pagedkv.allocator import BlockAllocator
 B = 16
 
 
-def prefill(checked: bool, batch: int, context: int) -> tuple[BlockAllocator, list[str]]:
+def prefill(checked: bool, batch: int, context: int,
+            native: bool = False) -> tuple[BlockAllocator, list[str]]:
     blocks = batch * (context // B + 8) + 16
-    alloc = BlockAllocator(blocks, B, checked=checked)
+    if native:
+        from pagedkv.allocator.native_allocator import NativeAllocator
+
+        alloc = NativeAllocator(blocks, B, checked=checked)
+    else:
+        alloc = BlockAllocator(blocks, B, checked=checked)
     rids = [f"r{k}" for k in range(batch)]
     for k, rid in enumerate(rids):
         alloc.add_request(rid, [(k * 7919 + i) % 32000 for i in range(context)])
@@ -58,11 +64,13 @@ def decode_steps(alloc: BlockAllocator, rids: list[str], steps: int,
     return time.perf_counter() - t0
 
 
-def sweep(contexts: list[int], batch: int, steps: int, repeat: int, warmup: int = 1) -> dict:
-    out: dict = {"batch": batch, "steps": steps, "warmup": warmup, "block_size": B, "rows": []}
+def sweep(contexts: list[int], batch: int, steps: int, repeat: int, warmup: int = 1,
+          native: bool = False) -> dict:
+    out: dict = {"batch": batch, "steps": steps, "warmup": warmup, "block_size": B,
+                 "allocator": "NativeAllocator" if native else "BlockAllocator", "rows": []}
     for checked in (False, True):
         for context in contexts:
-            best = min(decode_steps(*prefill(checked, batch, context), steps, warmup)
+            best = min(decode_steps(*prefill(checked, batch, context, native), steps, warmup)
                        for _ in range(repeat))
             per_step = best / steps
             out["rows"].append({"checked": checked, "context": context,
@@ -73,7 +81,8 @@ def sweep(contexts: list[int], batch: int, steps: int, repeat: int, warmup: int 
 
 
 def table(res: dict) -> str:
-    lines = [f"batch {res['batch']} requests, {res['steps']} decode steps after "
+    lines = [f"{res.get('allocator', 'BlockAllocator')}: "
+             f"batch {res['batch']} requests, {res['steps']} decode steps after "
              f"{res.get('warmup', 0)} untimed, block size {res['block_size']} (best of the "
              "repeats)",
              f"{'mode':10s} {'context':>8s} {'us/step':>10s} {'us/request':>11s} "
@@ -98,10 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                          "one-time costs (the pool's compiled calls on first use, the table "
                          "rows and the launch's table copy growing past a power of two)")
     ap.add_argument("--contexts", default="256,1024,4096,16384")
+    ap.add_argument("--native", action="store_true",
+                    help="the native step path (NativeAllocator; needs numba)")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args(argv)
     res = sweep([int(c) for c in args.contexts.split(",")], args.batch, args.steps,
-                args.repeat, args.warmup)
+                args.repeat, args.warmup, args.native)
     print(table(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
