@@ -60,7 +60,7 @@ from .native_steps import (  # the row layout the generated module was pasted wi
 )
 from .request_view import materialize, request_view
 from .table import MAX_COUNT, check_count
-from .table_rows import launch_width
+from .table_rows import TableRows, launch_width
 
 _NO_COPIES = np.empty((0, 2), np.int32)
 _NO_COPIES.flags.writeable = False
@@ -110,10 +110,12 @@ class NativeAllocator(RequestBook):
         self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = OrderedDict()
         self._inflight: dict[int, Launch] = {}
         self._written: dict[int, np.ndarray] = {}  # the blocks each launch in flight writes
-        rows = 16
+        # The tables twice: T for the native loops, and as the int32 rows launches copy
+        # incrementally (``TableRows``, as ``BlockAllocator``'s), a row index naming both.
+        self._rows = TableRows()
+        rows = self._rows.blocks.shape[0]
         self.R = np.zeros((R_FIELDS, rows), np.int64)
         self.T = np.full((rows, 16), -1, np.int64)
-        self._free_rows = list(range(rows - 1, -1, -1))
         self._S = np.empty((3, 2 * self.num_blocks + 2), np.int64)  # never fills: see grow
         self._filled = np.empty((3, rows), np.int64)
         self._load_loops()
@@ -128,12 +130,14 @@ class NativeAllocator(RequestBook):
         mod.grow_many(*arrays, none, none, 0, S, none)
         mod.grow_running(*arrays, none, none, none, 0, S, none, none)
         mod.launch_plan(*arrays, none, 0)
-        empty = np.empty((0, 1), np.int32)
-        mod.launch_rows(*arrays, none, 0, none, none, none, none, empty, empty)
+        mod.launch_rows(*arrays, none, 0, none, none, none, none)
         mod.commit_scan(*arrays, none, none, 0, F)
         mod.commit_blocks(*arrays[:5], none, none, none, 0)
         mod.complete_and_commit(*arrays, none, 0, 0, none, 0, none, F)
         mod.count_known(arrays[1], arrays[5], none, 0, none)
+        tr = self._rows
+        mod.put_grown(arrays[0], arrays[5], arrays[6], none, none, 0, tr.blocks, tr.gens,
+                      tr.lengths)
         mod.count_takeable(*arrays[:5], none, 0)
         pool = arrays[:5]  # and the pool's own loops the calls use
         mod.take_many(*pool, 0, 0, none, S)
@@ -143,21 +147,29 @@ class NativeAllocator(RequestBook):
 
     # ---- rows ------------------------------------------------------------------------------------
     def _new_row(self) -> int:
-        if not self._free_rows:
-            old = self.R.shape[1]
-            self.R = np.concatenate([self.R, np.zeros_like(self.R)], axis=1)
-            self.T = np.concatenate([self.T, np.full_like(self.T, -1)], axis=0)
-            self._filled = np.empty((3, 2 * old), np.int64)
-            self._free_rows = list(range(2 * old - 1, old - 1, -1))
-        return self._free_rows.pop()
+        row = self._rows.open()
+        old = self.R.shape[1]
+        if row >= old:  # the rows doubled: so do R and T
+            grow = self._rows.blocks.shape[0] - old
+            self.R = np.concatenate([self.R, np.zeros((R_FIELDS, grow), np.int64)], axis=1)
+            self.T = np.concatenate([self.T, np.full((grow, self.T.shape[1]), -1, np.int64)])
+            self._filled = np.empty((3, self.R.shape[1]), np.int64)
+        return row
+
+    def _put_rows(self, row: int, start: int, blocks: list[int]) -> None:
+        """Entries ``start ..`` of the row's launch-facing copy, with their generations."""
+        gen = self.pool.B[ROW["gen"]]
+        self._rows.put(row, start, blocks, gen[blocks].tolist())
 
     def _room_for_entries(self, entries: int) -> None:
-        """Rows at least ``entries`` wide (a power of two: a launch's width never exceeds it)."""
+        """Rows at least ``entries`` wide (a power of two: a launch's width never exceeds it),
+        the launches' rows too."""
         width = self.T.shape[1]
         if entries > width:
             wider = np.full((self.T.shape[0], launch_width(entries)), -1, np.int64)
             wider[:, :width] = self.T
             self.T = wider
+        self._rows.reserve(self.T.shape[1])
 
     def _rows_of(self, reqs: Sequence[_NativeRequest]) -> np.ndarray:
         return np.fromiter([req.row for req in reqs], np.int64, len(reqs))
@@ -247,7 +259,9 @@ class NativeAllocator(RequestBook):
             self.T[row, len(hits):entries] = pool.take_many(req.rid, need)
         R[R_TLEN, row] = entries
         R[R_RESERVED, row] = reserved
-        return self.T[row, :entries].tolist()
+        added = self.T[row, :entries].tolist()
+        self._put_rows(row, 0, added)
+        return added
 
     @_locked
     def allocate_many(self, grow: Sequence[tuple[Hashable, int]]) -> list[list[int]]:
@@ -312,7 +326,10 @@ class NativeAllocator(RequestBook):
         out: list[list[int]] = [[] for _ in range(n)]
         if n == 1 and not grown[0]:  # a decode step's growth within its table
             return out
-        T, tlen = self.T, self.R[R_TLEN]
+        T, tlen, tr = self.T, self.R[R_TLEN], self._rows
+        if self.mod.put_grown(self.pool.B, self.R, T, rows, grown, n, tr.blocks, tr.gens,
+                              tr.lengths) >= 0:  # pragma: no cover - rows grow by appends
+            raise AssertionError("a table grew other than at its end")
         for i in np.flatnonzero(grown[:n]).tolist():
             row = int(rows[i])
             end = int(tlen[row])
@@ -421,11 +438,8 @@ class NativeAllocator(RequestBook):
         starts = np.empty(n, np.int64)
         lens = np.empty(n, np.int64)
         written = np.empty(nblocks, np.int64)
-        width = launch_width(longest)
-        tables = np.empty((n, width), np.int32)
-        generations = np.empty((n, width), np.int32)
         stage, i, refused, w, L, nw = mod.launch_rows(*self._arrays, rows, n, slots, starts,
-                                                      lens, written, tables, generations)
+                                                      lens, written)
         if self.checked and nw:
             pool._check_touched("begin_write", written, nw)
         if stage == 1:
@@ -435,7 +449,7 @@ class NativeAllocator(RequestBook):
         pool._check_clock("launch", L)
         if stage == 3:
             pool._refuse("begin_write", b=refused, r=rids[i], w=w)
-        tables.flags.writeable = generations.flags.writeable = False
+        tables, generations = self._rows.take(rows.tolist(), longest)
         seq_lens = lens.astype(np.int32)
         launch = Launch(
             rids=rids, block_tables=tables, seq_lens=seq_lens,
@@ -599,7 +613,7 @@ class NativeAllocator(RequestBook):
         pool.close_holder(rid)
         self.T[row, :tlen] = -1
         self.R[:, row] = 0
-        self._free_rows.append(row)
+        self._rows.close(row, tlen)
         del self._requests[rid]
 
     @_locked
@@ -676,6 +690,12 @@ class NativeAllocator(RequestBook):
         found += [("table_covers_reserved", f"the known tokens of {rid!r} differ")
                   for rid, req in self._requests.items()
                   if self.R[R_KNOWN, req.row] != len(req.tokens)]
+        gen = self.pool.B[ROW["gen"]]
+        for rid, rec in self._records().items():
+            if self._rows.mismatches(self._requests[rid].row, rec.table,
+                                     gen[rec.table].tolist()):
+                found.append(("table_covers_reserved",
+                              f"the launch rows of {rid!r} differ from its table"))
         if found:
             name, where = found[0]
             raise InvariantViolation(name, f"at {where!r}" + (

@@ -157,24 +157,6 @@ def launch_plan(B, M, H, K, X, R, T, rows, n):
 
 
 @njit(cache=True)
-def launch_tables(B, R, T, rows, n, tables, generations):
-    """The launch's block tables (int32, ``tables.shape[1]`` wide, -1 past each table's end)
-    and the generation of each entry's block (-1 in the padding)."""
-    width = tables.shape[1]
-    for i in range(n):
-        r = rows[i]
-        tlen = R[R_TLEN, r]
-        for j in range(width):
-            if j < tlen:
-                b = T[r, j]
-                tables[i, j] = b
-                generations[i, j] = B[ROW_GEN, b]
-            else:
-                tables[i, j] = -1
-                generations[i, j] = -1
-
-
-@njit(cache=True)
 def publish_rows(B, M, H, K, X, R, T, rows, n):
     """Publish each request's entries past its published ones that are ALLOCATED (spec:
     publish, as ``BlockAllocator.publish`` does before numbering the launch). Returns (the
@@ -269,12 +251,11 @@ def commit_scan(B, M, H, K, X, R, T, rows, news, n, filled):
 
 
 @njit(cache=True)
-def launch_rows(B, M, H, K, X, R, T, rows, n, slots, starts, lens, written, tables,
-                generations):
-    """``publish_rows``, the spec's ``launch`` (numbered ``clock[ISSUED]``), ``write_rows``
-    and ``launch_tables`` in one call (what ``BlockAllocator.publish`` does, in its order:
-    the new blocks published, the launch numbered, then the writes marked). Returns (the
-    stage refused: 0 none, 1 publish, 2 launch, 3 begin_write; the refused request, block and
+def launch_rows(B, M, H, K, X, R, T, rows, n, slots, starts, lens, written):
+    """``publish_rows``, the spec's ``launch`` (numbered ``clock[ISSUED]``) and
+    ``write_rows`` in one call (what ``BlockAllocator.publish`` does, in its order: the new
+    blocks published, the launch numbered, then the writes marked). Returns (the stage
+    refused: 0 none, 1 publish, 2 launch, 3 begin_write; the refused request, block and
     write, the launch number, blocks written)."""
     i, b = publish_rows(B, M, H, K, X, R, T, rows, n)
     if i >= 0:
@@ -287,7 +268,6 @@ def launch_rows(B, M, H, K, X, R, T, rows, n, slots, starts, lens, written, tabl
                                    written)
     if i >= 0:
         return 3, i, b, w, L, nw
-    launch_tables(B, R, T, rows, n, tables, generations)
     return 0, -1, -1, 0, L, nw
 
 
@@ -363,3 +343,25 @@ def complete_and_commit(B, M, H, K, X, R, T, written, nw, L, rows, n, news, fill
         news[i] = min(R[R_RESERVED, r], R[R_KNOWN, r])
     i, status, block, nf = commit_scan(B, M, H, K, X, R, T, rows, news, n, filled)
     return failed, refused, advanced, i, status, block, nf
+
+
+@njit(cache=True)
+def put_grown(B, R, T, rows, grown, n, TB, TG, TL):
+    """The entries each of ``rows[:n]`` just added (``grown[i]`` of them) appended to the
+    launches' int32 rows (``TableRows``: blocks ``TB``, generations ``TG``, lengths ``TL``),
+    as ``TableRows.put`` appends. Returns the index of a row whose copy is not at the
+    table's previous end (the caller puts that one), or -1."""
+    for i in range(n):
+        g = grown[i]
+        if g == 0:
+            continue
+        r = rows[i]
+        end = R[R_TLEN, r]
+        if TL[r] != end - g:
+            return i
+        for j in range(end - g, end):
+            b = T[r, j]
+            TB[r, j] = b
+            TG[r, j] = B[ROW_GEN, b]
+        TL[r] = end
+    return -1

@@ -95,6 +95,17 @@ class TableRows:
         self._rewrite(row, 0)
         self._free.append(row)
 
+    def reserve(self, width: int) -> None:
+        """Rows at least ``width`` entries wide (doubling), so that a caller may append to
+        ``blocks`` / ``gens`` and ``lengths`` in place (as ``put`` appends)."""
+        if width > self.width:
+            self._resize(self.blocks.shape[0], max(width, 2 * self.width))
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Each row's table length (a caller that appends in place updates it)."""
+        return self._lengths
+
     def put(self, row: int, start: int, blocks: Sequence[int], gens: Sequence[int]) -> None:
         """Entries ``start .. start + len(blocks) - 1`` of the row."""
         stop = start + len(blocks)

@@ -398,3 +398,36 @@ def test_mismatches_takes_any_sequence_and_a_table_past_the_width() -> None:
     assert rows.mismatches(a, (5, 6, 8), (1, 2, 3))
     assert rows.mismatches(a, (5, 6, 7), (1, 2, 4))
     assert rows.mismatches(a, [5, 6, 7, 8, 9], [1] * 5)  # longer than the rows are wide
+
+
+def test_reserve_widens_by_doubling_and_keeps_the_rows():
+    rows = TableRows(rows=4, width=4)
+    r = rows.open()
+    rows.put(r, 0, [5, 6, 7], [1, 1, 2])
+    rows.reserve(3)  # wide enough already: nothing changes
+    assert rows.width == 4
+    rows.reserve(6)  # at least doubled
+    assert rows.width == 8
+    rows.reserve(20)  # past double: the width asked for
+    assert rows.width == 20
+    assert rows.blocks[r, :4].tolist() == [5, 6, 7, -1]
+    assert rows.gens[r, :3].tolist() == [1, 1, 2] and int(rows.lengths[r]) == 3
+
+
+def test_appending_in_place_through_lengths_is_what_put_does():
+    """A caller that writes entries at the row's end and moves ``lengths`` (the native step
+    path) leaves the rows, and the launches' incremental copies, as ``put`` would."""
+    a, b = TableRows(rows=2, width=4, incremental_from=0), TableRows(rows=2, width=4,
+                                                                     incremental_from=0)
+    ra, rb = a.open(), b.open()
+    a.put(ra, 0, [3, 4], [0, 0])
+    b.put(rb, 0, [3, 4], [0, 0])
+    first = b.take([rb], 2)
+    del first
+    a.put(ra, 2, [9], [5])
+    b.blocks[rb, 2], b.gens[rb, 2] = 9, 5
+    b.lengths[rb] = 3
+    for rows, row in ((a, ra), (b, rb)):
+        tables, gens = rows.take([row], 3)
+        assert tables.tolist() == [[3, 4, 9, -1]] and gens.tolist() == [[0, 0, 5, -1]]
+        assert not rows.mismatches(row, [3, 4, 9], [0, 0, 5])
