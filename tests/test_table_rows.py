@@ -401,15 +401,16 @@ def test_mismatches_takes_any_sequence_and_a_table_past_the_width() -> None:
 
 
 def test_reserve_widens_by_doubling_and_keeps_the_rows():
-    rows = TableRows(rows=4, width=4)
+    rows = TableRows(rows=3, width=4)
     r = rows.open()
     rows.put(r, 0, [5, 6, 7], [1, 1, 2])
     rows.reserve(3)  # wide enough already: nothing changes
+    rows.reserve(4)
     assert rows.width == 4
     rows.reserve(6)  # at least doubled
     assert rows.width == 8
     rows.reserve(20)  # past double: the width asked for
-    assert rows.width == 20
+    assert rows.width == 20 and rows.blocks.shape == rows.gens.shape == (3, 20)
     assert rows.blocks[r, :4].tolist() == [5, 6, 7, -1]
     assert rows.gens[r, :3].tolist() == [1, 1, 2] and int(rows.lengths[r]) == 3
 
