@@ -138,6 +138,7 @@ class NativeAllocator(RequestBook):
         tr = self._rows
         mod.put_grown(arrays[0], arrays[5], arrays[6], none, none, 0, tr.blocks, tr.gens,
                       tr.lengths)
+        mod.copy_rows(tr.blocks, tr.gens, none, 0, *(np.empty((0, 1), np.int32),) * 2)
         mod.count_takeable(*arrays[:5], none, 0)
         pool = arrays[:5]  # and the pool's own loops the calls use
         mod.take_many(*pool, 0, 0, none, S)
@@ -449,7 +450,7 @@ class NativeAllocator(RequestBook):
         pool._check_clock("launch", L)
         if stage == 3:
             pool._refuse("begin_write", b=refused, r=rids[i], w=w)
-        tables, generations = self._rows.take(rows.tolist(), longest)
+        tables, generations = self._tables(rows, longest)
         seq_lens = lens.astype(np.int32)
         launch = Launch(
             rids=rids, block_tables=tables, seq_lens=seq_lens,
@@ -461,6 +462,20 @@ class NativeAllocator(RequestBook):
         self._inflight[L] = launch
         self._written[L] = written
         return launch
+
+    def _tables(self, rows: np.ndarray, longest: int) -> tuple[np.ndarray, np.ndarray]:
+        """The launch's block tables and generations from the launch rows (``TableRows``):
+        a copy kept incrementally for a large launch (``take``), a fresh one made natively
+        for one below ``incremental_from`` entries (where ``take`` copies afresh too)."""
+        tr, n = self._rows, len(rows)
+        width = launch_width(longest)
+        if n * width >= tr.incremental_from:
+            return tr.take(rows.tolist(), longest)
+        tables = np.empty((n, width), np.int32)
+        generations = np.empty((n, width), np.int32)
+        self.mod.copy_rows(tr.blocks, tr.gens, rows, n, tables, generations)
+        tables.flags.writeable = generations.flags.writeable = False
+        return tables, generations
 
     def _complete(self, launch: Launch, strict: bool) -> None:
         """End the launch's writes and the launch (spec: end_write each, complete), then move

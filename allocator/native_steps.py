@@ -365,3 +365,19 @@ def put_grown(B, R, T, rows, grown, n, TB, TG, TL):
             TG[r, j] = B[ROW_GEN, b]
         TL[r] = end
     return -1
+
+
+@njit(cache=True)
+def copy_rows(TB, TG, rows, n, tables, generations):
+    """A fresh copy of the launch rows ``rows[:n]`` (``TableRows``' blocks ``TB`` and
+    generations ``TG``), ``tables.shape[1]`` wide, -1 past the rows' width: what
+    ``TableRows.take`` copies for a launch too small to keep incrementally."""
+    width = min(tables.shape[1], TB.shape[1])
+    for i in range(n):
+        r = rows[i]
+        for j in range(width):
+            tables[i, j] = TB[r, j]
+            generations[i, j] = TG[r, j]
+        for j in range(width, tables.shape[1]):
+            tables[i, j] = -1
+            generations[i, j] = -1

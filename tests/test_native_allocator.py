@@ -283,3 +283,25 @@ def test_check_invariants_scans_the_spec_state_of_the_native_arrays(corrupt):
         nat.R[R_KNOWN, row] += 1
     with pytest.raises(InvariantViolation):
         nat.check_invariants()
+
+
+def test_small_launches_copy_the_rows_natively_and_large_ones_incrementally():
+    """Below ``incremental_from`` entries a launch's tables are a fresh native copy of the
+    launch rows, above it ``TableRows.take``'s incremental copy: the same arrays."""
+    launches = []
+    for incremental_from in (1 << 30, 0):
+        a = NativeAllocator(64, 4)
+        a._rows.incremental_from = incremental_from
+        got = []
+        for i, rid in enumerate("abc"):
+            a.add_request(rid, list(range(i, i + 9)))
+            a.allocate(rid, 9)
+        for step in range(6):
+            a.append_tokens_many([(r, [step]) for r in "abc"])
+            a.allocate_many([(r, 10 + step) for r in "abc"])
+            launch = a.publish(list("abc") if step % 3 else ["c", "a"])
+            got.append((launch.block_tables.tolist(), launch.table_generations.tolist()))
+            launch.complete()
+            del launch  # (an incremental copy is reused once nothing refers to it)
+        launches.append(got)
+    assert launches[0] == launches[1]
