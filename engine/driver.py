@@ -27,10 +27,11 @@ first that does not fit), ``commit_many(pairs)`` and ``append_many(pairs)``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .manager import KVCacheBlocks, KVCacheManager
+from .manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 from .request import EngineRequest, RequestStatus
 
 
@@ -50,6 +51,36 @@ def make_checked(num_blocks: int, block_size: int, enable_caching: bool = True, 
     return PagedKVDriver(num_blocks, block_size, enable_caching, checked=True, **manager_kwargs)
 
 
+class AdmissionStats:
+    """A driver's prefix-cache counts: its lookups, and its admissions as vLLM's
+    ``PrefixCacheStats`` counts them (preempted re-admissions apart)."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+        self.admissions = PrefixCacheStats()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counts by name, and the hit rate of the (first) admissions."""
+        s: dict[str, Any] = {"lookups": self.lookups, **{
+            k: v for k, v in dataclasses.asdict(self.admissions).items() if k != "reset"}}
+        s["hit_rate"] = s["hits"] / s["queries"] if s["queries"] else 0.0
+        return s
+
+
+def launch_batch(rid: Any, scheduled: dict[Any, Any], launched: set[Any]) -> list[Any]:
+    """The requests the launch that a commit of ``rid`` runs covers (a driver models a step
+    as one launch): every request allocated since ``step()`` and not launched yet
+    (``scheduled``, in order), if ``rid`` is one of them (they move to ``launched``), else
+    ``rid`` alone. Called only when ``rid`` commits new positions no launch of this step
+    covers."""
+    if rid not in scheduled:
+        return [rid]
+    batch = list(scheduled)
+    launched.update(scheduled)
+    scheduled.clear()
+    return batch
+
+
 class PagedKVDriver:
     """One request table per id over pagedkv's KVCacheManager (see the module docstring)."""
 
@@ -65,8 +96,7 @@ class PagedKVDriver:
         self._num_running = 0
         self._scheduled: dict[Any, EngineRequest] = {}  # allocated this step, not launched yet
         self._launched: set[Any] = set()  # covered by this step's launch
-        self._stats = dict(lookups=0, requests=0, queries=0, hits=0,
-                           preempted_requests=0, preempted_queries=0, preempted_hits=0)
+        self._stats = AdmissionStats()
 
     # -- lifecycle -------------------------------------------------------------------------
     def add(self, rid: Any, token_ids: Any = None, cache_salt: str | None = None,
@@ -84,7 +114,7 @@ class PagedKVDriver:
                 raise ValueError(f"request {rid!r} is running; preempt() it before re-adding")
         blocks, hits, _ = self.manager.get_computed_blocks(req)
         self._pending[rid] = (blocks, hits)
-        self._stats["lookups"] += 1
+        self._stats.lookups += 1
         return hits
 
     def allocate(self, rid: Any, num_new_tokens: int, num_lookahead_tokens: int = 0, *,
@@ -114,11 +144,7 @@ class PagedKVDriver:
             return None
         self._schedule(rid, req)
         m.record_prefix_cache_stats(req, hits)
-        s = self._stats
-        pre = "preempted_" if req.num_preemptions > 0 else ""
-        s[pre + "requests"] += 1
-        s[pre + "queries"] += req.num_tokens
-        s[pre + "hits"] += hits
+        self._stats.admissions.record(req.num_tokens, hits, req.num_preemptions > 0)
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = hits
         self._num_running += 1
@@ -152,13 +178,9 @@ class PagedKVDriver:
                 cache: bool) -> None:
         m = self.manager
         if num_computed_tokens > req.num_computed_tokens and rid not in self._launched:
-            if rid in self._scheduled:
-                batch = list(self._scheduled.values())
-                self._launched.update(self._scheduled)
-                self._scheduled.clear()
-            else:
-                batch = [req]
-            m.complete(m.publish(batch))
+            requests = self.requests
+            m.complete(m.publish([requests[r] for r in launch_batch(rid, self._scheduled,
+                                                                    self._launched)]))
         req.num_computed_tokens = num_computed_tokens
         if cache:
             m.cache_blocks(req, num_computed_tokens)
@@ -256,8 +278,7 @@ class PagedKVDriver:
         return self.manager.stats()["cached"]
 
     def prefix_stats(self) -> dict:
-        s: dict[str, Any] = dict(self._stats)
-        s["hit_rate"] = s["hits"] / s["queries"] if s["queries"] else 0.0
+        s = self._stats.snapshot()
         st = self.manager.stats()
         s["cached_blocks"] = len(self.manager.allocator.pool.hmap)
         s["evictable_cached_blocks"] = st["cached"]

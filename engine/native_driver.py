@@ -29,6 +29,7 @@ from pagedkv.allocator.native_allocator import NativeAllocator
 from pagedkv.allocator.native_steps import R_KNOWN, R_RESERVED
 from pagedkv.spec import ALLOCATED, PUBLISHED, REFERENCED
 
+from .driver import AdmissionStats, launch_batch
 from .manager import does_not_fit
 from .request import RequestStatus, _as_token
 
@@ -87,8 +88,7 @@ class NativeDriver:
         self._record_of_row: dict[int, Any] = {}
         self._computed = np.zeros(self.alloc.R.shape[1], np.int64)
         self._one = np.zeros((3, 1), np.int64)  # one request's row, base and count
-        self._stats = dict(lookups=0, requests=0, queries=0, hits=0,
-                           preempted_requests=0, preempted_queries=0, preempted_hits=0)
+        self._stats = AdmissionStats()
 
     # ---- lifecycle -------------------------------------------------------------------------
     def add(self, rid: Any, token_ids: Any = None, cache_salt: str | None = None,
@@ -116,7 +116,7 @@ class NativeDriver:
                 record = alloc._register(rid, seq.tokens, seq.salt, (), seq.record)
                 seq.tokens, seq.record = record.tokens, record
             seq.pending = alloc._hits(record)
-        self._stats["lookups"] += 1
+        self._stats.lookups += 1
         return len(seq.pending) * self.block_size
 
     def allocate(self, rid: Any, num_new_tokens: int) -> list[int] | None:
@@ -171,11 +171,7 @@ class NativeDriver:
         self._record_of_row[row] = record
         self._computed[row] = hits_tokens
         self._schedule(rid)
-        s = self._stats
-        pre = "preempted_" if seq.preemptions > 0 else ""
-        s[pre + "requests"] += 1
-        s[pre + "queries"] += len(seq.tokens)
-        s[pre + "hits"] += hits_tokens
+        self._stats.admissions.record(len(seq.tokens), hits_tokens, seq.preemptions > 0)
         seq.status = RequestStatus.RUNNING
         self._num_running += 1
         return added[len(given):]
@@ -292,14 +288,7 @@ class NativeDriver:
         covers yet runs one: of every request allocated since ``step()`` if it is one of
         them, else of it alone."""
         if n > computed and rid not in self._launched:
-            scheduled = self._scheduled
-            if rid in scheduled:
-                batch = list(scheduled)
-                self._launched.update(scheduled)
-                scheduled.clear()
-            else:
-                batch = [rid]
-            self._run_launch(batch)
+            self._run_launch(launch_batch(rid, self._scheduled, self._launched))
 
     def _refuse_commit(self, rid: Hashable, n: Any, computed: int, row: int) -> None:
         R = self.alloc.R
@@ -406,8 +395,7 @@ class NativeDriver:
         return int(self.alloc.pool.view.count[CACHED])
 
     def prefix_stats(self) -> dict:
-        s: dict[str, Any] = dict(self._stats)
-        s["hit_rate"] = s["hits"] / s["queries"] if s["queries"] else 0.0
+        s = self._stats.snapshot()
         cached = len(self.alloc.pool._hslot)
         s["cached_blocks"] = s["hash_entries"] = cached
         s["evictable_cached_blocks"] = self.num_evictable()
