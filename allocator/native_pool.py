@@ -7,9 +7,10 @@ blocks on the way), ``release_many``, ``share_many``, ``publish_many``,
 ``begin_write_many``, ``end_write_many``, ``commit_many``. Each loop calls the spec's guard and
 effect of every block, generated from the spec (``spec=`` as for ``BlockPool``), and the
 generated module is checked against the interpreted spec on the probe states before any pool
-uses it (``self_check``). Launch numbering (``launch``, ``complete``, ``advance``) runs the
-interpreted spec once per launch. Checked mode re-evaluates the local invariants on every
-touched block, in their native form.
+uses it (``self_check``). The launch clock (``launch``, ``complete``, ``advance``) runs the
+same way: the launches in flight are an open-addressing set in ``M`` (``native_clock.py``).
+Checked mode re-evaluates the local invariants on every touched block, and the clock's after
+each clock transition, in their native form.
 
 Request ids and sha256 digests are mapped to small slots (holders from 1; hash slot 0 is
 ``NO_HASH``). Needs numba (``pip install pagedkv[native]``); ``NativeUnavailable`` otherwise.
