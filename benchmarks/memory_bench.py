@@ -14,8 +14,9 @@ process, for the same shapes on both sides:
 The prompts are built before measuring: each side pays only for what it keeps. vLLM's side is
 the anchor's driver (``../shared/anchors/vllm_kvcache/vllm_kv.py``: the real
 ``KVCacheManager`` and ``Request``); pagedkv's is ``pagedkv.engine.driver`` (its
-``KVCacheManager``, ``EngineRequest`` and the ``BlockAllocator`` under it). vLLM is used at
-benchmark time only.
+``KVCacheManager``, ``EngineRequest`` and the ``BlockAllocator`` under it), and with numba
+``pagedkv.engine.native_driver`` (``NativeAllocator``: the tables and positions in arrays, its
+launch rows in ``TableRows``). vLLM is used at benchmark time only.
 
     python benchmarks/memory_bench.py [--blocks 4096,16384] [--requests 200]
                                       [--tokens 512,4096] [--json out.json]
@@ -40,6 +41,12 @@ def _factories() -> dict[str, Callable[..., Any]]:
     from pagedkv.engine.driver import make as pagedkv_make
 
     out: dict[str, Callable[..., Any]] = {"pagedkv": pagedkv_make}
+    try:  # the native step path (NativeDriver over NativeAllocator), with numba
+        from pagedkv.engine.native_driver import make as native_make
+
+        out["pagedkv native"] = native_make
+    except ImportError:
+        pass
     if (ANCHOR / "vllm_kv.py").is_file():
         sys.path.insert(0, str(ANCHOR))
         import vllm_kv
@@ -123,15 +130,16 @@ def run(blocks: list[int], requests: int, tokens: list[int]) -> dict[str, Any]:
 def table(res: dict[str, Any]) -> str:
     rows = res["rows"]
     keys = [k for k in rows[0] if k != "allocator"]
+    vllm = rows[0]["allocator"] == "vllm"
     lines = [f"block size {res['block_size']}, {res['requests']} requests per measurement "
              "(bytes, tracemalloc)",
-             f"{'':26s}" + "".join(f"{r['allocator']:>14s}" for r in rows)
-             + ("  pagedkv / vLLM" if len(rows) == 2 else "")]
+             f"{'':26s}" + "".join(f"{r['allocator']:>16s}" for r in rows)
+             + ("".join(f"{r['allocator'] + ' / vLLM':>24s}" for r in rows[1:]) if vllm else "")]
     for k in keys:
         vals = [r[k] for r in rows]
-        line = f"{k:26s}" + "".join(f"{v:14.1f}" for v in vals)
-        if len(rows) == 2 and vals[0]:
-            line += f"  {vals[1] / vals[0]:15.2f}"
+        line = f"{k:26s}" + "".join(f"{v:16.1f}" for v in vals)
+        if vllm and vals[0]:
+            line += "".join(f"{v / vals[0]:24.2f}" for v in vals[1:])
         lines.append(line)
     for n, pools in res.get("pool_layer_bytes_per_block", {}).items():
         lines.append(f"pool layer alone, bytes per block @{n}: " + ", ".join(
