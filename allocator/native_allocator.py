@@ -131,7 +131,7 @@ class NativeAllocator(RequestBook):
         mod.grow_running(*arrays, none, none, none, 0, S, none, none)
         mod.launch_plan(*arrays, none, 0)
         mod.launch_rows(*arrays, none, 0, none, none, none, none)
-        mod.commit_scan(*arrays, none, none, 0, F)
+        mod.commit_scan(*arrays, none, none, 0, F, True)
         mod.commit_blocks(*arrays[:5], none, none, none, 0)
         mod.complete_and_commit(*arrays, none, 0, 0, none, 0, none, F)
         mod.count_known(arrays[1], arrays[5], none, 0, none)
@@ -556,37 +556,56 @@ class NativeAllocator(RequestBook):
                      rows: np.ndarray) -> None:
         """``commit_many`` of the distinct known requests ``rids`` at ``rows`` (under the
         lock)."""
-        for i, n in enumerate(counts):
-            if type(n) is not int or not 0 <= n <= MAX_COUNT:
-                counts[i] = check_count(n, "num_tokens")
         n = len(rids)
+        for i, v in enumerate(counts):
+            if type(v) is not int or not 0 <= v <= MAX_COUNT:
+                try:
+                    counts[i] = check_count(v, "num_tokens")
+                except InvalidArgument:  # the pairs are checked in order (BlockAllocator's):
+                    self._commit_refusal(rids[:i], counts[:i], rows[:i])  # an earlier one's
+                    raise
         if not n:
             return
-        mod, R = self.mod, self.R
         if self._filled.shape[1] < n:
             self._filled = np.empty((3, 2 * n), np.int64)
         filled = self._filled
-        i, status, block, nf = mod.commit_scan(*self._arrays, rows,
-                                               np.array(counts, np.int64), n, filled)
-        if status != mod.STEP_OK:
-            rid, new, row = rids[i], counts[i], int(rows[i])
-            computed, issued = R[R_COMPUTED, row], R[R_ISSUED, row]
-            if status == mod.STEP_BELOW_COMPUTED:
-                raise CommitError(f"{rid!r} already committed {computed} positions")
-            if status == mod.STEP_NOT_ISSUED:
-                raise CommitError(f"cannot commit {new} positions of {rid!r}: launches "
-                                  f"were issued for {issued} "
-                                  f"(allocated {R[R_RESERVED, row]})")
-            if status == mod.STEP_NOT_KNOWN:
-                raise TokensUnknown(f"cannot commit {new} positions of {rid!r}: only "
-                                    f"{R[R_KNOWN, row]} token ids are known "
-                                    "(append_tokens first)")
-            raise CommitError(f"block {block} of {rid!r} has a writing launch still "
-                              "pending")
+        i, status, block, nf = self.mod.commit_scan(*self._arrays, rows,
+                                                    np.array(counts, np.int64), n, filled,
+                                                    True)
+        if status != self.mod.STEP_OK:
+            self._raise_commit(rids[i], counts[i], int(rows[i]), status, block)
         if self.prefix_caching and nf:
             requests = self._requests
             self._cache_filled([(requests[rids[i]], first, full)
                                 for i, first, full in filled[:, :nf].T.tolist()])
+
+    def _commit_refusal(self, rids: Sequence[Hashable], counts: list[int],
+                        rows: np.ndarray) -> None:
+        """Raise the refusal of the first of these commits (plain ints) that may not be made,
+        changing nothing."""
+        n = len(rids)
+        if n:
+            i, status, block, _ = self.mod.commit_scan(*self._arrays, rows,
+                                                       np.array(counts, np.int64), n,
+                                                       self._filled, False)
+            if status != self.mod.STEP_OK:
+                self._raise_commit(rids[i], counts[i], int(rows[i]), status, block)
+
+    def _raise_commit(self, rid: Hashable, new: int, row: int, status: int,
+                      block: int) -> None:
+        """The typed refusal of ``commit_scan``'s ``status`` for request ``rid``."""
+        mod, R = self.mod, self.R
+        computed, issued = R[R_COMPUTED, row], R[R_ISSUED, row]
+        if status == mod.STEP_BELOW_COMPUTED:
+            raise CommitError(f"{rid!r} already committed {computed} positions")
+        if status == mod.STEP_NOT_ISSUED:
+            raise CommitError(f"cannot commit {new} positions of {rid!r}: launches were "
+                              f"issued for {issued} (allocated {R[R_RESERVED, row]})")
+        if status == mod.STEP_NOT_KNOWN:
+            raise TokensUnknown(f"cannot commit {new} positions of {rid!r}: only "
+                                f"{R[R_KNOWN, row]} token ids are known (append_tokens "
+                                "first)")
+        raise CommitError(f"block {block} of {rid!r} has a writing launch still pending")
 
     def _cache_filled(self, filled: list[tuple[_NativeRequest, int, int]]) -> None:
         """The full blocks the commits completed (per request: entries first .. full - 1)

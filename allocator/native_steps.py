@@ -210,11 +210,11 @@ def write_rows(B, M, H, K, X, R, T, rows, n, slots, starts, lens, written):
 
 
 @njit(cache=True)
-def commit_scan(B, M, H, K, X, R, T, rows, news, n, filled):
-    """``BlockAllocator.commit_many``'s checks, then its commits of positions: each request
-    ``rows[i]`` commits up to ``news[i]`` (the spec's ``commit_bounds`` on issued and known
-    positions, ``slots_written`` on every block committed). Checks all before changing
-    anything; then sets the computed positions and writes to ``filled`` the
+def commit_scan(B, M, H, K, X, R, T, rows, news, n, filled, apply):
+    """``BlockAllocator.commit_many``'s checks, then (if ``apply``) its commits of positions:
+    each request ``rows[i]`` commits up to ``news[i]`` (the spec's ``commit_bounds`` on issued
+    and known positions, ``slots_written`` on every block committed). Checks all before
+    changing anything; then sets the computed positions and writes to ``filled`` the
     (index, first entry, end entry) of each request whose commit fills blocks (for the
     prefix cache). Returns (refused request or -1, ``STEP_*``, the pending block, rows of
     ``filled``)."""
@@ -236,6 +236,8 @@ def commit_scan(B, M, H, K, X, R, T, rows, news, n, filled):
             b = T[r, j]
             if not g_slots_written(B, M, H, K, X, b, min(Bsz, new - j * Bsz)):
                 return i, STEP_PENDING, b, 0
+    if not apply:
+        return -1, STEP_OK, -1, 0
     nf = 0
     for i in range(n):
         r = rows[i]
@@ -341,7 +343,7 @@ def complete_and_commit(B, M, H, K, X, R, T, written, nw, L, rows, n, news, fill
     for i in range(n):
         r = rows[i]
         news[i] = min(R[R_RESERVED, r], R[R_KNOWN, r])
-    i, status, block, nf = commit_scan(B, M, H, K, X, R, T, rows, news, n, filled)
+    i, status, block, nf = commit_scan(B, M, H, K, X, R, T, rows, news, n, filled, True)
     return failed, refused, advanced, i, status, block, nf
 
 

@@ -305,3 +305,16 @@ def test_small_launches_copy_the_rows_natively_and_large_ones_incrementally():
             del launch  # (an incremental copy is reused once nothing refers to it)
         launches.append(got)
     assert launches[0] == launches[1]
+
+
+@pytest.mark.parametrize("bad", [-1, "3", 2.5])
+def test_commit_pairs_are_refused_in_order(bad):
+    """A bad count after a pair that may not commit: that earlier pair's refusal is the one
+    raised, as BlockAllocator checks its pairs in order (found by the state machine)."""
+    pair = _world()
+    below = ("c", 1)  # c committed more than that
+    pair.do("refused in order", lambda a: a.commit_many([below, ("a", bad)]))
+    with pytest.raises(CommitError):
+        pair.nat.commit_many([below, ("a", bad)])
+    with pytest.raises(InvalidArgument):
+        pair.nat.commit_many([("a", bad), below])
