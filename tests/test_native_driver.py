@@ -70,18 +70,21 @@ def test_the_batched_loop_makes_the_same_decisions_through_both_drivers(loops, s
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_the_per_request_loop_makes_the_same_decisions_through_both_drivers(loops, seed):
+@pytest.mark.parametrize("caching", [True, False])
+def test_the_per_request_loop_makes_the_same_decisions_through_both_drivers(loops, seed,
+                                                                             caching):
     traces, _ = loops
     trace = _trace(traces, seed)
     want: list[tuple] = []
     got: list[tuple] = []
-    ref = traces.simulate(trace, pk_driver.make(96, 8), token_budget=256, max_running=16,
-                          record_ops=want)
-    out = traces.simulate(trace, native_driver.make(96, 8), token_budget=256,
-                          max_running=16, record_ops=got)
+    ref = traces.simulate(trace, pk_driver.make(64, 8, enable_caching=caching),
+                          token_budget=256, max_running=16, record_ops=want)
+    out = traces.simulate(trace, native_driver.make(64, 8, enable_caching=caching),
+                          token_budget=256, max_running=16, record_ops=got)
     assert got == want
     assert out["totals"]["preempted"] == ref["totals"]["preempted"] > 0
-    assert out["totals"]["hit_tokens"] == ref["totals"]["hit_tokens"] > 0
+    assert out["totals"]["hit_tokens"] == ref["totals"]["hit_tokens"]
+    assert (ref["totals"]["hit_tokens"] > 0) == caching
 
 
 def test_observations_match_the_manager_drivers():
