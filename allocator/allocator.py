@@ -208,6 +208,19 @@ class RequestBook:
             hashes += self._chain(hashes[-1] if hashes else 0, tokens[first * B:full * B],
                                   first, req.extra_keys, req.salt)
 
+    def _record_tokens(self, updates: Sequence[tuple[Hashable, Sequence[int]]]) -> list[Any]:
+        """``append_tokens_many``'s bookkeeping: the ``(rid, token_ids)`` pairs checked (each
+        request once, every token) before any is recorded, then each request's tokens
+        extended and the blocks they filled hashed. Returns the records, in order."""
+        checked = [(req, _check_tokens(tokens))
+                   for req, tokens in self._batch(updates, "append_tokens_many")]
+        B = self.block_size
+        for req, tokens in checked:
+            req.tokens.extend(tokens)
+            if (len(req.hashes) + 1) * B <= len(req.tokens):  # a block filled: hash it
+                self._extend_hashes(req)
+        return [req for req, _ in checked]
+
     @_locked
     def block_hash(self, parent: int, tokens: Sequence[int], extra_keys: Sequence[Any] = (),
                    salt: str | bytes | None = None) -> int:
@@ -613,13 +626,7 @@ class BlockAllocator(RequestBook):
         """The step-level ``append_tokens``: ``(rid, token_ids)`` pairs, each request once. All
         or nothing: every pair is checked before any token is recorded. The spec's program is
         ``spec.calls.append_tokens_many``."""
-        checked = [(req, _check_tokens(tokens))
-                   for req, tokens in self._batch(updates, "append_tokens_many")]
-        B = self.block_size
-        for req, tokens in checked:
-            req.tokens.extend(tokens)
-            if (len(req.hashes) + 1) * B <= len(req.tokens):  # a block filled: hash it
-                self._extend_hashes(req)
+        self._record_tokens(updates)
 
     @_confirmed("commit")
     def commit(self, rid: Hashable, num_tokens: int) -> None:

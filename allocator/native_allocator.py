@@ -372,16 +372,9 @@ class NativeAllocator(RequestBook):
     @_locked
     def append_tokens_many(self, updates: Sequence[tuple[Hashable, Sequence[int]]]) -> None:
         """The step-level ``append_tokens``: all or nothing, each request once."""
-        checked = [(req, _check_tokens(tokens))
-                   for req, tokens in self._batch(updates, "append_tokens_many")]
-        B = self.block_size
-        for req, tokens in checked:
-            req.tokens.extend(tokens)
-            if (len(req.hashes) + 1) * B <= len(req.tokens):  # a block filled: hash it
-                self._extend_hashes(req)
-        if checked:
-            self.R[R_KNOWN, self._rows_of([req for req, _ in checked])] = [
-                len(req.tokens) for req, _ in checked]
+        reqs = self._record_tokens(updates)
+        if reqs:
+            self.R[R_KNOWN, self._rows_of(reqs)] = [len(req.tokens) for req in reqs]
 
     def append_token_many(self, reqs: Sequence[_NativeRequest], tokens: Sequence[Any],
                           rows: np.ndarray | None = None) -> None:
