@@ -276,7 +276,7 @@ EQUIVALENT: dict[str, str] = {
     "allocator/allocator.py:_grow:cmp:if len(table) > start: -> if len(table) >= start:":
         "the table never shrinks here; with nothing added _put_rows copies an empty range "
         "(start <= the row's width already) and the entry total grows by 0",
-    **{f"allocator/allocator.py:append_tokens_many:{op}:if (len(req.hashes) + 1) * B <= "
+    **{f"allocator/allocator.py:_record_tokens:{op}:if (len(req.hashes) + 1) * B <= "
        f"len(req.tokens):  # a block filled: hash it -> if (len(req.hashes) {new}) * B <= "
        f"len(req.tokens):  # a block filled: hash it":
        "pre-check before _extend_hashes, whose loop tests the unmutated condition itself: "
@@ -287,7 +287,7 @@ EQUIVALENT: dict[str, str] = {
        f"<= len(req.tokens):  # a block filled":
        "pre-check before _extend_hashes, whose loop tests the unmutated condition itself: "
        "the mutant only calls it more often, and it hashes exactly the blocks filled "
-       "(as append_tokens_many's)"
+       "(as _record_tokens's)"
        for op, new in (("arith", "- 1"), ("int-1", "+ 0"))},
     "allocator/allocator.py:_commits_allowed:cmp:if type(n) is not int or not "
     "req.computed < n <= MAX_COUNT: -> "
