@@ -30,7 +30,7 @@ from pagedkv.allocator.native_steps import R_KNOWN, R_RESERVED
 from pagedkv.spec import ALLOCATED, PUBLISHED, REFERENCED
 
 from .driver import AdmissionStats, launch_batch
-from .manager import does_not_fit
+from .manager import _count, does_not_fit
 from .request import RequestStatus, _as_token
 
 _NULL = ("pagedkv", "null block")  # the null block's holder (no request id of the trace)
@@ -143,7 +143,7 @@ class NativeDriver:
             raise RuntimeError(f"request {rid!r} is waiting: call add({rid!r}) right before "
                                "allocate()")
         given, seq.pending = seq.pending, None
-        n = _plain_count(num_new_tokens, "num_new_tokens")
+        n = _count(num_new_tokens, "num_new_tokens")
         alloc, B = self.alloc, self.block_size
         pool = alloc.pool
         hits_tokens = len(given) * B
@@ -246,7 +246,7 @@ class NativeDriver:
         if len(counts) != len(rids):
             raise ValueError(f"allocate_running: {len(rids)} requests but {len(counts)} "
                              "token counts")
-        out = [_plain_count(n, "num_new_tokens") for n in counts]
+        out = [_count(n, "num_new_tokens") for n in counts]
         if 0 in out:
             raise ValueError("allocate_running: num_new_tokens must be > 0")
         if len(set(rids)) != len(rids):
@@ -412,15 +412,6 @@ def check_commits(R: np.ndarray, rows: np.ndarray, news: np.ndarray, computed: n
         if not computed[r] <= news[i] <= min(R[R_KNOWN, r], R[R_RESERVED, r]):
             return i
     return -1
-
-
-def _plain_count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = int(value.__index__())
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
 
 
 __all__ = ["NativeDriver", "make", "make_checked"]
