@@ -50,6 +50,7 @@ from .errors import (
 )
 from .hashing import (
     check_parent,
+    chain_digests,
     digest,
     encode_tokens,
     normalize_extra_keys,
@@ -271,6 +272,8 @@ class RequestBook:
         being block ``first`` (the salt goes into block 0's hash only)."""
         data, w = pack_tokens(tokens), 8 * self.block_size  # encoded once, cut per block
         salt_b = None if first or salt is None else salt_bytes(salt)
+        if self._hash_memo is None:
+            return chain_digests(parent, data, w, len(data) // w, keys, salt_b)
         out: list[int] = []
         for i in range(len(data) // w):
             parent = self._memo_digest(parent, data[i * w:(i + 1) * w], keys,

@@ -247,15 +247,35 @@ def digest(
     """The hash of checked fields: parent in [0, 2**256), encoded tokens, canonical keys, salt
     bytes or None. It hashes ``_DOMAIN + encode_fields(fields)`` of the fields (parent,
     tokens, salt if any, then each key), the parent's and the tokens' headers looked up."""
-    h = _PREFIX_STATE.copy()  # _DOMAIN and the parent's header, hashed once
-    h.update(parent.to_bytes(32, "big") + _known_header(KIND_TOKENS, len(tokens)) + tokens)
-    if salt is not None:
-        h.update(frame(KIND_SALT, salt))
-    for k in keys:
-        h.update(frame(*_encode_key(k)))
-    return int.from_bytes(h.digest(), "big") or 1  # 0: NO_HASH
+    return chain_digests(parent, tokens, len(tokens), 1, keys, salt)[0]
 
 
+def chain_digests(
+    parent: int, data: bytes, width: int, count: int, keys: tuple[str | int | bytes, ...],
+    salt: bytes | None,
+) -> list[int]:
+    """``digest`` chained over ``count`` blocks of checked fields: block ``i``'s tokens are
+    ``data[i * width:(i + 1) * width]``, its parent block ``i - 1``'s digest (``parent`` for
+    the first), the salt in the first block only, the keys in every one. The parent is carried
+    as the digest's bytes, so a block costs one sha256 and little else."""
+    head = _known_header(KIND_TOKENS, width)
+    tail = b"".join(frame(*_encode_key(k)) for k in keys) if keys else b""
+    first_tail = tail if salt is None else frame(KIND_SALT, salt) + tail
+    parent_bytes = parent.to_bytes(32, "big")
+    out: list[int] = []
+    for i in range(count):
+        h = _PREFIX_STATE.copy()  # _DOMAIN and the parent's header, hashed once
+        h.update(parent_bytes + head + data[i * width:(i + 1) * width]
+                 + (tail if i else first_tail))
+        parent_bytes = h.digest()
+        value = int.from_bytes(parent_bytes, "big")
+        if not value:  # 0 is NO_HASH: the digest stands for 1 then, as parent too
+            value, parent_bytes = 1, _ONE
+        out.append(value)
+    return out
+
+
+_ONE = (1).to_bytes(32, "big")
 _PARENT_HEADER = _header(KIND_PARENT, 32)
 _PREFIX_STATE = hashlib.sha256(_DOMAIN + _PARENT_HEADER)
 _known_header = functools.lru_cache(maxsize=64)(_header)  # the tokens': one per block size
@@ -304,8 +324,7 @@ def chain_hashes(
     keys = normalize_extra_keys(extra_keys)
     salt_b = None if salt is None else salt_bytes(salt)
     w = 8 * B  # bytes per block
-    out: list[int] = []
-    for i in range(first, len(data) // w):
-        h = digest(h, data[i * w : (i + 1) * w], keys, salt_b if i == 0 else None)
-        out.append(h)
-    return out
+    if first >= len(data) // w:
+        return []
+    return chain_digests(h, data[first * w:], w, len(data) // w - first, keys,
+                         salt_b if first == 0 else None)

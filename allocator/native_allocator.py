@@ -107,7 +107,9 @@ class NativeAllocator(RequestBook):
         self.checked = self.pool.checked
         self._lock = threading.RLock()
         self._requests: dict[Hashable, _NativeRequest] = {}
-        self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = OrderedDict()
+        # No memo: with the parent carried as bytes (hashing.chain_digests) a block's sha256
+        # costs less than a memo's lookup and upkeep, and no front door hashes twice here.
+        self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = None
         self._inflight: dict[int, Launch] = {}
         self._written: dict[int, np.ndarray] = {}  # the blocks each launch in flight writes
         # The tables twice: T for the native loops, and as the int32 rows launches copy

@@ -145,3 +145,49 @@ def test_chain_hashes_salt_only_on_first_block_and_start():
     assert chain_hashes(toks[:4], 4) == [block_hash(0, toks[:4])]
     assert chain_hashes(toks, 5, parent=9) == [block_hash(9, toks[:5]),
                                                block_hash(block_hash(9, toks[:5]), toks[5:])]
+
+
+def test_chain_digests_equal_the_chain_of_block_hashes():
+    """``chain_digests`` (one sha256 per block, the parent carried as bytes) equals the chain
+    of independently encoded blocks: the salt in the first block only, the keys in each."""
+    import random
+
+    from pagedkv.allocator.hashing import chain_digests
+
+    rng = random.Random(11)
+    for _ in range(40):
+        B = rng.choice([1, 2, 16])
+        count = rng.randrange(0, 6)
+        tokens = [rng.randrange(-(2**63), 2**63) for _ in range(B * count)]
+        keys = rng.choice([(), ("k",), (7, b"\x00", "x")])
+        salt = rng.choice([None, b"s", b""])
+        parent = rng.randrange(2**256)
+        want, h = [], parent
+        for i in range(count):
+            h = _expected(h, tokens[i * B:(i + 1) * B], keys, salt if i == 0 else None)
+            want.append(h)
+        assert chain_digests(parent, encode_tokens(tokens), 8 * B, count, keys, salt) == want
+
+
+def test_an_all_zero_digest_stands_for_1_as_value_and_as_parent(monkeypatch):
+    """0 means "no hash": a digest of all zero bytes (no input is known to give one) is 1,
+    and the next block chains on 1's bytes."""
+    from pagedkv.allocator import hashing
+
+    fed: list[bytes] = []
+
+    class ZeroSha:  # the prefix state's copy, giving zero digests and recording its input
+        def copy(self):
+            return self
+
+        def update(self, data: bytes) -> None:
+            fed.append(data)
+
+        def digest(self) -> bytes:
+            return bytes(32)
+
+    monkeypatch.setattr(hashing, "_PREFIX_STATE", ZeroSha())
+    data = encode_tokens([5, 6])
+    assert hashing.chain_digests(0, data, 8, 2, (), None) == [1, 1]
+    assert fed[1][:32] == (1).to_bytes(32, "big")
+    assert hashing.digest(9, data, (), None) == 1
