@@ -221,9 +221,6 @@ EQUIVALENT: dict[str, str] = {
     "queue\") -> pass":
         "unreachable: the walk stops at the first link whose back pointer disagrees, and "
         "re-entering a block already seen needs its back pointer to name two predecessors",
-    "allocator/hashing.py:digest:int-1:return int.from_bytes(h.digest(), \"big\") or 1  # 0: "
-    "NO_HASH -> return int.from_bytes(h.digest(), \"big\") or 0  # 0: NO_HASH":
-        "differs only when a sha256 digest is all zero bytes (a preimage nobody can produce)",
     **{"allocator/allocator.py:chain_hashes:drop-and-clause:if type(token_ids) is not list "
        f"and type(token_ids) is not tuple: -> if {a}:":
        "a list or a tuple sent through _ordered as well comes back as a list of the same "
