@@ -49,8 +49,8 @@ from .errors import (
     UnknownRequest,
 )
 from .hashing import (
-    check_parent,
     chain_digests,
+    check_parent,
     digest,
     encode_tokens,
     normalize_extra_keys,

@@ -422,6 +422,32 @@ class NativeAllocator(RequestBook):
 
     def _launch(self, rids: tuple[Hashable, ...], rows: np.ndarray) -> Launch:
         """``publish`` of the distinct known requests ``rids`` at ``rows`` (under the lock)."""
+        return self._launch_of(rids, rows, *self._issue(rids, rows))
+
+    def _launch_of(self, rids: tuple[Hashable, ...], rows: np.ndarray, L: int,
+                   written: np.ndarray, slots: np.ndarray, starts: np.ndarray,
+                   lens: np.ndarray, longest: int) -> Launch:
+        """The ``Launch`` of the issued launch L (``_issue``'s results), in flight."""
+        pool = self.pool
+        tables, generations = self._tables(rows, longest)
+        seq_lens = lens.astype(np.int32)
+        launch = Launch(
+            rids=rids, block_tables=tables, seq_lens=seq_lens,
+            query_lens=seq_lens - starts.astype(np.int32), slot_mapping=slots,
+            table_generations=generations, copies=_NO_COPIES,
+            writes=tuple(written.tolist()), _on_complete=self._complete,
+            _generation_of=lambda: pool.B[ROW["gen"], :pool.num_blocks], seq=L,
+            block_size=self.block_size)
+        self._inflight[L] = launch
+        self._written[L] = written
+        return launch
+
+    def _issue(self, rids: tuple[Hashable, ...], rows: np.ndarray
+               ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """The transitions of a launch of ``rids`` at ``rows``: their new blocks published,
+        the launch numbered, its writes begun (checked, refusals raised). Returns (launch
+        number, blocks written, slot mapping, per request the positions issued before and
+        after, the longest table)."""
         n, mod, pool = len(rids), self.mod, self.pool
         i, status, npos, nblocks, longest = mod.launch_plan(*self._arrays, rows, n)
         if status == mod.STEP_NOTHING_ALLOCATED:
@@ -445,18 +471,7 @@ class NativeAllocator(RequestBook):
         pool._check_clock("launch", L)
         if stage == 3:
             pool._refuse("begin_write", b=refused, r=rids[i], w=w)
-        tables, generations = self._tables(rows, longest)
-        seq_lens = lens.astype(np.int32)
-        launch = Launch(
-            rids=rids, block_tables=tables, seq_lens=seq_lens,
-            query_lens=seq_lens - starts.astype(np.int32), slot_mapping=slots,
-            table_generations=generations, copies=_NO_COPIES,
-            writes=tuple(written.tolist()), _on_complete=self._complete,
-            _generation_of=lambda: pool.B[ROW["gen"], :pool.num_blocks], seq=L,
-            block_size=self.block_size)
-        self._inflight[L] = launch
-        self._written[L] = written
-        return launch
+        return L, written, slots, starts, lens, longest
 
     def _tables(self, rows: np.ndarray, longest: int) -> tuple[np.ndarray, np.ndarray]:
         """The launch's block tables and generations from the launch rows (``TableRows``):
@@ -490,7 +505,16 @@ class NativeAllocator(RequestBook):
         """After ``complete_launch`` ran (its results): the refusal raised (nothing was
         completed then), checked mode's checks, the launch marked completed and forgotten,
         the retire queue drained up to the new watermark."""
-        pool, L = self.pool, launch.seq
+        L = launch.seq
+        self._check_completion(L, written, failed, refused)
+        launch.completed = True
+        del self._inflight[L], self._written[L]
+        self._after_advance(advanced)
+
+    def _check_completion(self, L: int, written: np.ndarray, failed: int,
+                          refused: bool) -> None:
+        """Checked mode's checks of launch L's completion; its refusal raised."""
+        pool = self.pool
         if pool.checked:
             pool._check_touched("end_write", written, len(written) if failed < 0 else failed)
         if failed >= 0:
@@ -498,32 +522,36 @@ class NativeAllocator(RequestBook):
         if refused:
             pool._refuse("complete", L=L)
         pool._check_clock("complete", L)
-        launch.completed = True
-        del self._inflight[L], self._written[L]
-        if advanced:
-            pool._check_clock("advance", None)
-            pool._drain()
 
-    def _complete_and_commit(self, launch: Launch, rows: np.ndarray) -> None:
-        """Complete ``launch`` (of the requests at ``rows``, in order) and commit for each
-        what it wrote whose token ids are known, in one native loop: ``launch.complete()``,
-        then ``commit_many`` of ``min(reserved, known)`` each (a front door's commit at
-        completion). Under the caller's lock."""
-        L, n = launch.seq, len(rows)
-        if launch.completed:
-            raise LaunchAlreadyCompleted(f"{launch!r} already completed")
-        written = self._written[L]
+    def _after_advance(self, advanced: int) -> None:
+        """The retire queue drained up to the watermark, if it moved (checked first)."""
+        if advanced:
+            self.pool._check_clock("advance", None)
+            self.pool._drain()
+
+    def _launch_and_commit(self, rids: tuple[Hashable, ...], rows: np.ndarray) -> None:
+        """A launch of the distinct known requests ``rids`` at ``rows`` that completes at
+        once (a step already run), each then committing what it wrote whose token ids are
+        known, in one native loop: ``publish``, ``launch.complete()``, then ``commit_many``
+        of ``min(reserved, known)`` each (a front door's commit at completion). Nobody reads
+        its tables, so no ``Launch`` is made unless its completion is refused (then it stays
+        in flight, as after a refused ``complete()``). Under the caller's lock."""
+        issued = self._issue(rids, rows)
+        L, written, n = issued[0], issued[1], len(rows)
         if self._filled.shape[1] < n:
             self._filled = np.empty((3, 2 * n), np.int64)
         news = np.empty(n, np.int64)
         failed, refused, advanced, i, status, _, nf = self.mod.complete_and_commit(
             *self._arrays, written, len(written), L, rows, n, news, self._filled)
-        self._completed(launch, written, failed, refused, advanced)
+        if failed >= 0 or refused:
+            self._launch_of(rids, rows, *issued)
+        self._check_completion(L, written, failed, refused)
+        self._after_advance(advanced)
         if status != self.mod.STEP_OK:  # the commits are refused (none made): say why
-            self._commit_rows(launch.rids, news.tolist(), rows)
+            self._commit_rows(rids, news.tolist(), rows)
         nf = int(nf)
         if self.prefix_caching and nf:
-            requests, rids = self._requests, launch.rids
+            requests = self._requests
             self._cache_filled([(requests[rids[i]], first, full)
                                 for i, first, full in self._filled[:, :nf].T.tolist()])
 
@@ -614,15 +642,12 @@ class NativeAllocator(RequestBook):
             blocks += T[req.row, first:full].tolist()
             holders += [int(R[R_HOLDER, req.row])] * (full - first)
             digests += req.hashes[first:full]
-        intern = pool._hash_slot
-        slots = [intern(h) for h in digests]
+        slots = np.array(pool._hash_slots(digests), np.int64)
         n = len(blocks)
         bs = np.array(blocks, np.int64)
         failed = self.mod.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X, bs,
-                                        np.array(holders, np.int64), np.array(slots, np.int64),
-                                        n)
-        for slot in slots:
-            pool._release_hash(slot)  # the digest of a block not committed goes
+                                        np.array(holders, np.int64), slots, n)
+        pool._release_hashes(slots)  # the digest of a block not committed goes
         if pool.checked:
             pool._check_touched("commit", bs, n if failed < 0 else failed)
         if failed >= 0:

@@ -56,6 +56,7 @@ from . import native_source as ns
 from .allocator import _ordered
 from .compiled import _PROBE_BY_KIND, _effect_probe_pools, _probe_pools, _Unsupported
 from .errors import AllocatorError, GuardViolation, InvalidArgument, InvariantViolation
+from .hashing import _INT_ONLY
 from .pool import (
     _GUARD_ERRORS,
     MAX_BLOCKS,
@@ -296,14 +297,61 @@ class NativePool:
         slot = self._hslot.get(h)
         if slot is None:
             if not self._free_hslots:
-                old = len(self.X)
-                self.X = np.concatenate([self.X, np.full(old, NO_BLOCK, np.int64)])
-                self._digest += [NO_HASH] * old
-                self._free_hslots = list(range(2 * old - 1, old - 1, -1))
+                self._grow_hash_slots()
             slot = self._free_hslots.pop()
             self._hslot[h] = slot
             self._digest[slot] = h
         return slot
+
+    def _hash_slots(self, digests: Sequence[int]) -> list[int]:
+        """``_hash_slot`` of each digest, all or none interned: where all are plain ints in
+        range, one dict read per digest and the new ones interned together (else one
+        ``_hash_slot`` call each, which names the first bad one)."""
+        if set(map(type, digests)) <= _INT_ONLY:  # (a float equal to a digest is refused)
+            slots = list(map(self._hslot.get, digests))
+            if None not in slots:
+                return slots  # type: ignore[return-value]
+            new = list(dict.fromkeys(h for h, s in zip(digests, slots, strict=True)
+                                     if s is None))
+            if min(new) > NO_HASH and max(new) <= MAX_HASH:
+                self._intern_new(new)
+                return list(map(self._hslot.__getitem__, digests))
+        out: list[int] = []
+        try:
+            for h in digests:
+                out.append(self._hash_slot(h))
+        except BaseException:
+            for slot in out:
+                self._release_hash(slot)  # a refused digest interns none
+            raise
+        return out
+
+    def _intern_new(self, digests: list[int]) -> None:
+        """Slots for these distinct digests, none interned yet."""
+        free = self._free_hslots
+        while len(free) < len(digests):
+            self._grow_hash_slots()
+            free = self._free_hslots
+        got = free[-len(digests):]
+        del free[-len(digests):]
+        self._hslot.update(zip(digests, got, strict=True))
+        slot_digest = self._digest
+        for slot, h in zip(got, digests, strict=True):
+            slot_digest[slot] = h
+
+    def _grow_hash_slots(self) -> None:
+        """Twice the hash slots (the new ones free)."""
+        old = len(self.X)
+        self.X = np.concatenate([self.X, np.full(old, NO_BLOCK, np.int64)])
+        self._digest += [NO_HASH] * old
+        self._free_hslots = list(range(2 * old - 1, old - 1, -1)) + self._free_hslots
+
+    def _release_hashes(self, slots: np.ndarray) -> None:
+        """``_release_hash`` of each slot: the digests left with no block go."""
+        gone = slots[(slots != 0) & (self.X[slots] == NO_BLOCK)]
+        if gone.size:
+            for slot in dict.fromkeys(gone.tolist()):
+                self._release_hash(slot)
 
     def _release_hash(self, slot: int) -> None:
         if slot and self.X[slot] == NO_BLOCK and self._digest[slot] != NO_HASH:
@@ -575,14 +623,11 @@ class NativePool:
         if len(hashes) != len(bs):
             raise InvalidArgument(f"commit_many needs one hash per block: {len(hashes)} "
                                   f"hashes for {len(bs)} blocks")
-        slots: list[int] = []
+        slots = np.array(self._hash_slots(hashes), np.int64)
         try:
-            for h in hashes:
-                slots.append(self._hash_slot(h))
-            self._run("commit", bs, r, np.array(slots, np.int64))
+            self._run("commit", bs, r, slots)
         finally:
-            for slot in slots:
-                self._release_hash(slot)  # the digest of a refused (or unrun) commit goes
+            self._release_hashes(slots)  # the digest of a refused (or unrun) commit goes
 
     def rewind(self, b: int, r: Hashable, k: int) -> None:
         self._run("rewind", self._ids([b]), r, check_count(k, "k (slots kept)", self.block_size))

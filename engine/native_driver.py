@@ -301,7 +301,7 @@ class NativeDriver:
         token ids were known (the manager's commit at completion)."""
         alloc, row_of = self.alloc, self._row_of
         rows = np.array([row_of[rid] for rid in rids], np.int64)
-        alloc._complete_and_commit(alloc._launch(tuple(rids), rows), rows)
+        alloc._launch_and_commit(tuple(rids), rows)
 
     def append_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
         """``append(rid, token)`` of each pair, each request once; all or nothing."""

@@ -19,6 +19,7 @@ from pagedkv.allocator import (  # noqa: E402
     BlockAllocator,
     BlockPool,
     CommitError,
+    GuardViolation,
     InvalidArgument,
     InvariantViolation,
     OutOfBlocks,
@@ -318,3 +319,38 @@ def test_commit_pairs_are_refused_in_order(bad):
         pair.nat.commit_many([below, ("a", bad)])
     with pytest.raises(InvalidArgument):
         pair.nat.commit_many([("a", bad), below])
+
+
+class _RefusingCompletion:
+    """The allocator's native module with ``complete_and_commit`` refusing the first write's
+    ``end_write`` (what a launch whose writes were ended behind its back meets)."""
+
+    def __init__(self, mod):
+        self._mod = mod
+
+    def __getattr__(self, name):
+        return getattr(self._mod, name)
+
+    def complete_and_commit(self, *args):
+        return 0, False, 0, -1, self._mod.STEP_OK, -1, 0
+
+
+def test_a_launch_run_and_completed_at_once_stays_in_flight_if_its_completion_is_refused():
+    """``_launch_and_commit`` (a driver's step that already ran) makes no ``Launch``; one
+    whose completion is refused is handed out in ``inflight`` like any other, and completes
+    later."""
+    a = NativeAllocator(16, 4)
+    a.add_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    a.allocate("a", 9)
+    rows = a._rows_of([a._req("a")])
+    real, a.mod = a.mod, _RefusingCompletion(a.mod)
+    with pytest.raises(GuardViolation, match="end_write"):
+        a._launch_and_commit(("a",), rows)
+    a.mod = real
+    (launch,) = a.inflight
+    assert launch.rids == ("a",) and launch.slot_mapping.tolist() == [
+        b * 4 + k for b in a.block_table("a") for k in range(4)][:9]
+    assert a.num_computed("a") == 0
+    launch.complete()
+    a.commit("a", 9)
+    assert a.inflight == () and a.num_computed("a") == 9

@@ -240,6 +240,45 @@ def test_lookups_read_the_hash_map():
     assert 11 in nat._hslot and nat.lookup(11) == blocks[0]
 
 
+def _slot_accounting(nat: NativePool) -> tuple[int, int, int]:
+    """(digests interned, free hash slots, slots in all but slot 0 of NO_HASH)."""
+    assert sorted(nat._hslot.values()) == sorted(
+        s for s, d in enumerate(nat._digest) if d != 0)
+    return len(nat._hslot), len(nat._free_hslots), len(nat.X) - 1
+
+
+@pytest.mark.parametrize("bad", [[12, "x"], [12, True], [12, 2**256], [12, -3], [12, [1]],
+                                 [12, 12.0]])
+def test_a_refused_digest_interns_none_of_its_batch(bad):
+    nat = NativePool(4, 2)
+    nat.open_holder("a")
+    blocks = nat.take_many("a", 2)
+    nat.publish_many("a", blocks)
+    nat.begin_write_many("a", blocks, [2, 2])
+    nat.end_write_many(blocks)
+    before = _slot_accounting(nat)
+    with pytest.raises(InvalidArgument, match="hash"):
+        nat.commit_many("a", blocks, bad)
+    assert _slot_accounting(nat) == before and nat._hslot == {}
+
+
+def test_digests_are_interned_in_one_batch_one_slot_each():
+    """New, repeated and already interned digests in one batch, more than the slots there
+    are: equal digests share a slot, every slot is accounted for, released ones are free."""
+    nat = NativePool(4, 2)
+    interned, free, total = _slot_accounting(nat)
+    assert interned == 0 and free == total
+    kept = nat._hash_slots([5])
+    digests = [5, *range(100, 100 + total + 10), 101, 5, 100]
+    slots = nat._hash_slots(digests)
+    assert slots[0] == kept[0] and len(set(slots)) == len(set(digests))
+    assert [slots[digests.index(d)] for d in digests] == slots
+    interned, free, total = _slot_accounting(nat)
+    assert interned == len(set(digests)) and interned + free == total
+    nat._release_hashes(np.array(slots, np.int64))  # none holds a block: all go
+    assert _slot_accounting(nat) == (0, total, total)
+
+
 def test_the_slot_tables_grow_past_their_first_size():
     """More holders than H's first 64 columns, more digests than X's 64 slots, more keys than
     the holds set's first 1024 cells: the same moves as BlockPool's."""
