@@ -295,8 +295,8 @@ class NativeAllocator(RequestBook):
         refusal raised (nothing changed then, but for a guard's refusal)."""
         i, status, detail, nev, nt = found
         pool, S, mod = self.pool, self._S, self.mod
-        for slot in S[0, :nev].tolist():
-            pool._release_hash(slot)
+        if nev:
+            pool._release_hashes(S[0, :nev])
         if self.checked and nt:
             pool._check_touched("take_many", S[2], nt)
         if status == mod.STEP_OK:

@@ -27,7 +27,7 @@ import os
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -69,6 +69,11 @@ from .storage import PoolStorage
 from .table import MAX_COUNT, check_block_size, check_count, check_int
 
 ROW, CLOCK0, COUNT0 = ns.ROW, ns.CLOCK0, ns.COUNT0
+
+
+def _consume(it: Iterator[object]) -> None:
+    """Run an iterator of calls to its end at C speed (a zero-length deque keeps nothing)."""
+    deque(it, maxlen=0)
 UNKNOWN_HOLDER = 0  # the slot of every id that is not an open holder: never alive
 _INT64 = np.dtype(np.int64)
 
@@ -347,11 +352,16 @@ class NativePool:
         self._free_hslots = list(range(2 * old - 1, old - 1, -1)) + self._free_hslots
 
     def _release_hashes(self, slots: np.ndarray) -> None:
-        """``_release_hash`` of each slot: the digests left with no block go."""
+        """``_release_hash`` of each slot (the digests left with no block go), in C loops:
+        what an eviction or a commit not made leaves behind."""
         gone = slots[(slots != 0) & (self.X[slots] == NO_BLOCK)]
-        if gone.size:
-            for slot in dict.fromkeys(gone.tolist()):
-                self._release_hash(slot)
+        if not gone.size:
+            return
+        slot_digest = self._digest
+        gone_slots = [s for s in dict.fromkeys(gone.tolist()) if slot_digest[s] != NO_HASH]
+        _consume(map(self._hslot.__delitem__, map(slot_digest.__getitem__, gone_slots)))
+        _consume(map(slot_digest.__setitem__, gone_slots, itertools.repeat(NO_HASH)))
+        self._free_hslots += gone_slots
 
     def _release_hash(self, slot: int) -> None:
         if slot and self.X[slot] == NO_BLOCK and self._digest[slot] != NO_HASH:
@@ -512,8 +522,7 @@ class NativePool:
                 out[done:] if done else out, S)
             done += taken
             if nev:
-                for slot_h in S[1, :nev].tolist():
-                    self._release_hash(slot_h)
+                self._release_hashes(S[1, :nev])
             if self.checked:
                 self._check_touched("take_many", S[2], nt)
             if not status:
