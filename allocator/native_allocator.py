@@ -645,9 +645,10 @@ class NativeAllocator(RequestBook):
         slots = np.array(pool._hash_slots(digests), np.int64)
         n = len(blocks)
         bs = np.array(blocks, np.int64)
-        failed = self.mod.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X, bs,
-                                        np.array(holders, np.int64), slots, n)
-        pool._release_hashes(slots)  # the digest of a block not committed goes
+        failed, orphaned = self.mod.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X, bs,
+                                                  np.array(holders, np.int64), slots, n)
+        if orphaned:
+            pool._release_hashes(slots)  # the digest of a block not committed goes
         if pool.checked:
             pool._check_touched("commit", bs, n if failed < 0 else failed)
         if failed >= 0:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
+import operator
 import os
 import sys
 import tempfile
@@ -316,8 +317,8 @@ class NativePool:
             slots = list(map(self._hslot.get, digests))
             if None not in slots:
                 return slots  # type: ignore[return-value]
-            new = list(dict.fromkeys(h for h, s in zip(digests, slots, strict=True)
-                                     if s is None))
+            new = list(dict.fromkeys(itertools.compress(
+                digests, map(operator.is_, slots, itertools.repeat(None)))))
             if min(new) > NO_HASH and max(new) <= MAX_HASH:
                 self._intern_new(new)
                 return list(map(self._hslot.__getitem__, digests))
@@ -340,9 +341,7 @@ class NativePool:
         got = free[-len(digests):]
         del free[-len(digests):]
         self._hslot.update(zip(digests, got, strict=True))
-        slot_digest = self._digest
-        for slot, h in zip(got, digests, strict=True):
-            slot_digest[slot] = h
+        _consume(map(self._digest.__setitem__, got, digests))
 
     def _grow_hash_slots(self) -> None:
         """Twice the hash slots (the new ones free)."""
