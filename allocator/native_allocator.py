@@ -296,7 +296,7 @@ class NativeAllocator(RequestBook):
         i, status, detail, nev, nt = found
         pool, S, mod = self.pool, self._S, self.mod
         if nev:
-            pool._release_hashes(S[0, :nev])
+            pool._forget_hashes(S[0, :nev].tolist())
         if self.checked and nt:
             pool._check_touched("take_many", S[2], nt)
         if status == mod.STEP_OK:

@@ -351,16 +351,21 @@ class NativePool:
         self._free_hslots = list(range(2 * old - 1, old - 1, -1)) + self._free_hslots
 
     def _release_hashes(self, slots: np.ndarray) -> None:
-        """``_release_hash`` of each slot (the digests left with no block go), in C loops:
-        what an eviction or a commit not made leaves behind."""
+        """``_release_hash`` of each slot (the digests left with no block go): what a commit
+        not made leaves behind."""
         gone = slots[(slots != 0) & (self.X[slots] == NO_BLOCK)]
-        if not gone.size:
-            return
+        if gone.size:
+            slot_digest = self._digest
+            self._forget_hashes([s for s in dict.fromkeys(gone.tolist())
+                                 if slot_digest[s] != NO_HASH])
+
+    def _forget_hashes(self, slots: list[int]) -> None:
+        """The digests of these distinct interned slots, none naming a block now (an
+        eviction's: each evicted block's own hash), go, in C loops."""
         slot_digest = self._digest
-        gone_slots = [s for s in dict.fromkeys(gone.tolist()) if slot_digest[s] != NO_HASH]
-        _consume(map(self._hslot.__delitem__, map(slot_digest.__getitem__, gone_slots)))
-        _consume(map(slot_digest.__setitem__, gone_slots, itertools.repeat(NO_HASH)))
-        self._free_hslots += gone_slots
+        _consume(map(self._hslot.__delitem__, map(slot_digest.__getitem__, slots)))
+        _consume(map(slot_digest.__setitem__, slots, itertools.repeat(NO_HASH)))
+        self._free_hslots += slots
 
     def _release_hash(self, slot: int) -> None:
         if slot and self.X[slot] == NO_BLOCK and self._digest[slot] != NO_HASH:
@@ -521,7 +526,7 @@ class NativePool:
                 out[done:] if done else out, S)
             done += taken
             if nev:
-                self._release_hashes(S[1, :nev])
+                self._forget_hashes(S[1, :nev].tolist())
             if self.checked:
                 self._check_touched("take_many", S[2], nt)
             if not status:
