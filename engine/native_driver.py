@@ -34,6 +34,7 @@ from .manager import _count, does_not_fit
 from .request import RequestStatus, _as_token
 
 _NULL = ("pagedkv", "null block")  # the null block's holder (no request id of the trace)
+_NO_ROWS = (None, None, None)  # NativeDriver._last_rows when it remembers none
 
 
 class _Sequence:
@@ -86,6 +87,7 @@ class NativeDriver:
         # positions by row (``_Sequence.computed`` is a stopped request's).
         self._row_of: dict[Hashable, int] = {}
         self._record_of_row: dict[int, Any] = {}
+        self._last_rows: tuple[Any, ...] = _NO_ROWS  # (rids, their rows, as an array)
         self._computed = np.zeros(self.alloc.R.shape[1], np.int64)
         self._one = np.zeros((3, 1), np.int64)  # one request's row, base and count
         self._stats = AdmissionStats()
@@ -167,7 +169,7 @@ class NativeDriver:
         if row >= len(self._computed):
             self._computed = np.concatenate([self._computed,
                                              np.zeros(alloc.R.shape[1], np.int64)])
-        self._row_of[rid] = row
+        self._row_of[rid] = row  # (the rows remembered name running requests: unchanged)
         self._record_of_row[row] = record
         self._computed[row] = hits_tokens
         self._schedule(rid)
@@ -189,7 +191,7 @@ class NativeDriver:
             one[0, 0], one[1, 0] = row, num_computed_tokens
             computed = int(self._computed[row])
             if check_commits(alloc.R, one[0], one[1], self._computed, 1) >= 0:
-                self._refuse_commit(rid, num_computed_tokens, computed, row)
+                self._refuse_commit(rid, num_computed_tokens, row)
             self._launch_for(rid, num_computed_tokens, computed)
             self._computed[row] = num_computed_tokens
         return None
@@ -216,7 +218,7 @@ class NativeDriver:
                 or (counts and (set(map(type, counts)) != {int} or min(counts) <= 0))):
             counts = self._refuse_running(rids, counts)
             rows = self._running_rows(rids)
-        rows_a = np.array(rows, np.int64)
+        rows_a = self._rows_array(rows)
         alloc = self.alloc
         with alloc._lock:
             got = alloc.grow_running(rows_a, self._computed[rows_a],
@@ -228,12 +230,25 @@ class NativeDriver:
         return got
 
     def _running_rows(self, rids: list[Any]) -> list[int] | None:
-        """The allocator rows of running requests, or None if one is not running."""
+        """The allocator rows of running requests (``rids``: a list of the driver's own), or
+        None if one is not running; the last call's rows again for the same requests while
+        none started or stopped (a step's calls name the same running batch)."""
+        last_rids, last_rows, _ = self._last_rows
+        if rids == last_rids:
+            return last_rows
         row_of = self._row_of
         try:
-            return [row_of[rid] for rid in rids]
+            rows = [row_of[rid] for rid in rids]
         except (KeyError, TypeError):
             return None
+        self._last_rows = (rids, rows, np.array(rows, np.int64))
+        return rows
+
+    def _rows_array(self, rows: list[int]) -> np.ndarray:
+        """``rows`` as an int64 array (the one kept with them, for ``_running_rows``' own;
+        the native loops only read it)."""
+        _, last_rows, array = self._last_rows
+        return array if rows is last_rows else np.array(rows, np.int64)
 
     def _refuse_running(self, rids: list[Any], counts: list[Any]) -> list[int]:
         """What the fast path does not take, said: an unknown request (``KeyError``), one not
@@ -268,19 +283,18 @@ class NativeDriver:
         assert rows is not None
         alloc = self.alloc
         with alloc._lock:
-            rows_a = np.array(rows, np.int64)
-            computed = self._computed[rows_a].tolist()
+            rows_a = self._rows_array(rows)
             if news and set(map(type, news)) != {int}:
                 bad = next(i for i, n in enumerate(news) if type(n) is not int)
-                self._refuse_commit(rids[bad], news[bad], computed[bad], rows[bad])
+                self._refuse_commit(rids[bad], news[bad], rows[bad])
             news_a = np.array(news, np.int64)
             i = int(check_commits(alloc.R, rows_a, news_a, self._computed, len(rows)))
             if i >= 0:
-                self._refuse_commit(rids[i], news[i], computed[i], rows[i])
+                self._refuse_commit(rids[i], news[i], rows[i])
             launched = self._launched
-            for rid, n, c in zip(rids, news, computed, strict=True):
-                if n > c and rid not in launched:  # (most are: one launch per step)
-                    self._launch_for(rid, n, c)
+            for i in np.flatnonzero(news_a > self._computed[rows_a]).tolist():
+                if rids[i] not in launched:  # (the first runs the step's launch: all are)
+                    self._run_launch(launch_batch(rids[i], self._scheduled, launched))
             self._computed[rows_a] = news_a
 
     def _launch_for(self, rid: Hashable, n: int, computed: int) -> None:
@@ -290,9 +304,10 @@ class NativeDriver:
         if n > computed and rid not in self._launched:
             self._run_launch(launch_batch(rid, self._scheduled, self._launched))
 
-    def _refuse_commit(self, rid: Hashable, n: Any, computed: int, row: int) -> None:
+    def _refuse_commit(self, rid: Hashable, n: Any, row: int) -> None:
         R = self.alloc.R
-        raise ValueError(f"request {rid!r}: cannot commit {n!r} tokens (computed {computed}, "
+        raise ValueError(f"request {rid!r}: cannot commit {n!r} tokens (computed "
+                         f"{int(self._computed[row])}, "
                          f"tokens {int(R[R_KNOWN, row])}, allocated "
                          f"{int(R[R_RESERVED, row])})")
 
@@ -313,7 +328,7 @@ class NativeDriver:
             if rows is not None and len(set(rows)) == len(rows):
                 by_row = self._record_of_row
                 alloc.append_token_many([by_row[r] for r in rows], tokens,
-                                        np.array(rows, np.int64))
+                                        self._rows_array(rows))
                 return
             if len(set(rids)) != len(rids):
                 raise ValueError("append_many: a request appears twice")
@@ -353,6 +368,7 @@ class NativeDriver:
     def _stop(self, rid: Hashable) -> int:
         """A running request stops running: its computed positions."""
         row = self._row_of.pop(rid)
+        self._last_rows = _NO_ROWS
         del self._record_of_row[row]
         return int(self._computed[row])
 
