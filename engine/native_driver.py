@@ -314,9 +314,10 @@ class NativeDriver:
     def _run_launch(self, rids: list[Hashable]) -> None:
         """One launch of ``rids``, completed at once; then each commits what it wrote whose
         token ids were known (the manager's commit at completion)."""
-        alloc, row_of = self.alloc, self._row_of
-        rows = np.array([row_of[rid] for rid in rids], np.int64)
-        alloc._launch_and_commit(tuple(rids), rows)
+        rows = self._running_rows(rids)  # (a step's launch: the batch its commits name)
+        if rows is None:  # pragma: no cover - a launch's requests were allocated, running
+            raise AssertionError(f"a launch of requests not running: {rids!r}")
+        self.alloc._launch_and_commit(tuple(rids), self._rows_array(rows))
 
     def append_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
         """``append(rid, token)`` of each pair, each request once; all or nothing."""
