@@ -19,6 +19,7 @@ launch: ``Launch.complete()``), ``attach_pool``. Needs numba (``pagedkv[native]`
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
@@ -48,7 +49,7 @@ from .errors import (
 )
 from .hashing import normalize_extra_keys
 from .launch import Launch, LaunchAlreadyCompleted
-from .native_pool import ROW, NativePool, native_module
+from .native_pool import ROW, NativePool, _consume, native_module
 from .native_steps import (  # the row layout the generated module was pasted with
     R_COMPUTED,
     R_FIELDS,
@@ -63,6 +64,7 @@ from .table import MAX_COUNT, check_count
 from .table_rows import TableRows, launch_width
 
 _NO_COPIES = np.empty((0, 2), np.int32)
+_TOKENS = operator.attrgetter("tokens")
 _NO_COPIES.flags.writeable = False
 
 
@@ -388,9 +390,10 @@ class NativeAllocator(RequestBook):
             _check_tokens(list(tokens))  # InvalidArgument, saying why
         if not reqs:
             return
-        for req, t in zip(reqs, tokens, strict=True):
-            req.tokens.append(t)
         n = len(reqs)
+        if len(tokens) != n:
+            raise InvalidArgument(f"{n} requests but {len(tokens)} tokens")
+        _consume(map(list.append, map(_TOKENS, reqs), tokens))
         if self._filled.shape[1] < n:
             self._filled = np.empty((3, 2 * n), np.int64)
         filled = self._filled[0]

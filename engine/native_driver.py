@@ -20,6 +20,7 @@ Not covered (``PagedKVDriver`` / ``KVCacheManager`` have them): lookahead tokens
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numba
@@ -34,7 +35,20 @@ from .manager import _count, does_not_fit
 from .request import RequestStatus, _as_token
 
 _NULL = ("pagedkv", "null block")  # the null block's holder (no request id of the trace)
-_NO_ROWS = (None, None, None)  # NativeDriver._last_rows when it remembers none
+
+
+@dataclass(slots=True)
+class _Batch:
+    """The running requests a step-level call named last (``NativeDriver._running_rows``):
+    their rows, as an int64 array, and their allocator records once asked for."""
+
+    rids: list[Any] | None = None
+    rows: list[int] | None = None
+    array: np.ndarray | None = None
+    records: list[Any] | None = None
+
+
+_NO_BATCH = _Batch()
 
 
 class _Sequence:
@@ -87,7 +101,7 @@ class NativeDriver:
         # positions by row (``_Sequence.computed`` is a stopped request's).
         self._row_of: dict[Hashable, int] = {}
         self._record_of_row: dict[int, Any] = {}
-        self._last_rows: tuple[Any, ...] = _NO_ROWS  # (rids, their rows, as an array)
+        self._last = _NO_BATCH
         self._computed = np.zeros(self.alloc.R.shape[1], np.int64)
         self._one = np.zeros((3, 1), np.int64)  # one request's row, base and count
         self._stats = AdmissionStats()
@@ -233,22 +247,31 @@ class NativeDriver:
         """The allocator rows of running requests (``rids``: a list of the driver's own), or
         None if one is not running; the last call's rows again for the same requests while
         none started or stopped (a step's calls name the same running batch)."""
-        last_rids, last_rows, _ = self._last_rows
-        if rids == last_rids:
-            return last_rows
+        last = self._last
+        if rids == last.rids:
+            return last.rows
         row_of = self._row_of
         try:
             rows = [row_of[rid] for rid in rids]
         except (KeyError, TypeError):
             return None
-        self._last_rows = (rids, rows, np.array(rows, np.int64))
+        self._last = _Batch(rids, rows, np.array(rows, np.int64))
         return rows
 
     def _rows_array(self, rows: list[int]) -> np.ndarray:
         """``rows`` as an int64 array (the one kept with them, for ``_running_rows``' own;
         the native loops only read it)."""
-        _, last_rows, array = self._last_rows
-        return array if rows is last_rows else np.array(rows, np.int64)
+        last = self._last
+        return last.array if rows is last.rows else np.array(rows, np.int64)
+
+    def _records_of(self, rows: list[int]) -> list[Any]:
+        """The allocator records at ``rows`` (kept with them, for ``_running_rows``' own)."""
+        last = self._last
+        if rows is not last.rows:
+            return list(map(self._record_of_row.__getitem__, rows))
+        if last.records is None:
+            last.records = list(map(self._record_of_row.__getitem__, rows))
+        return last.records
 
     def _refuse_running(self, rids: list[Any], counts: list[Any]) -> list[int]:
         """What the fast path does not take, said: an unknown request (``KeyError``), one not
@@ -327,8 +350,7 @@ class NativeDriver:
         rows = self._running_rows(rids)
         with alloc._lock:
             if rows is not None and len(set(rows)) == len(rows):
-                by_row = self._record_of_row
-                alloc.append_token_many([by_row[r] for r in rows], tokens,
+                alloc.append_token_many(self._records_of(rows), tokens,
                                         self._rows_array(rows))
                 return
             if len(set(rids)) != len(rids):
@@ -369,7 +391,7 @@ class NativeDriver:
     def _stop(self, rid: Hashable) -> int:
         """A running request stops running: its computed positions."""
         row = self._row_of.pop(rid)
-        self._last_rows = _NO_ROWS
+        self._last = _NO_BATCH
         del self._record_of_row[row]
         return int(self._computed[row])
 

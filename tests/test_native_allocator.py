@@ -145,6 +145,16 @@ def test_a_bad_token_appends_none(token):
     assert requests_of(pair.nat) == before
 
 
+def test_a_token_count_that_differs_from_the_requests_appends_none():
+    pair = _world()
+    before = requests_of(pair.nat)
+    reqs = [pair.nat._requests["a"], pair.nat._requests["b"]]
+    for tokens in ([3], [3, 4, 5]):
+        with pytest.raises(InvalidArgument, match="2 requests but"):
+            pair.nat.append_token_many(reqs, tokens)
+    assert requests_of(pair.nat) == before
+
+
 def test_frees_under_a_launch_in_flight_wait_for_it():
     """A block freed while a launch that reads it is in flight is reclaimed only once the
     launch completed (epochs), in both."""
