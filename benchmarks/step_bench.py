@@ -97,10 +97,9 @@ def timing_launches(driver: str) -> Iterator[list[int]]:
                 # set before any launch exists: each Launch keeps the completion it is given
                 alloc.publish = timed(alloc.publish)
                 alloc._complete = timed(alloc._complete)
-            else:  # the native driver: its launch, and its completion with the commits
+            else:  # the native driver: its launch, completed at once with the commits
                 alloc = kv.alloc
-                alloc._launch = timed(alloc._launch)
-                alloc._complete_and_commit = timed(alloc._complete_and_commit)
+                alloc._launch_and_commit = timed(alloc._launch_and_commit)
         made.append(kv)
         return kv
 
