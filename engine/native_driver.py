@@ -203,10 +203,11 @@ class NativeDriver:
         one, alloc = self._one, self.alloc
         with alloc._lock:
             one[0, 0], one[1, 0] = row, num_computed_tokens
-            computed = int(self._computed[row])
-            if check_commits(alloc.R, one[0], one[1], self._computed, 1) >= 0:
+            bad, advances = check_commits(alloc.R, one[0], one[1], self._computed, 1, one[2])
+            if bad >= 0:
                 self._refuse_commit(rid, num_computed_tokens, row)
-            self._launch_for(rid, num_computed_tokens, computed)
+            if advances:
+                self._launch_for(rid)
             self._computed[row] = num_computed_tokens
         return None
 
@@ -311,20 +312,20 @@ class NativeDriver:
                 bad = next(i for i, n in enumerate(news) if type(n) is not int)
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
             news_a = np.array(news, np.int64)
-            i = int(check_commits(alloc.R, rows_a, news_a, self._computed, len(rows)))
-            if i >= 0:
-                self._refuse_commit(rids[i], news[i], rows[i])
-            launched = self._launched
-            for i in np.flatnonzero(news_a > self._computed[rows_a]).tolist():
-                if rids[i] not in launched:  # (the first runs the step's launch: all are)
-                    self._run_launch(launch_batch(rids[i], self._scheduled, launched))
+            advancing = np.empty(len(rows), np.int64)
+            bad, k = check_commits(alloc.R, rows_a, news_a, self._computed, len(rows),
+                                   advancing)
+            if bad >= 0:
+                self._refuse_commit(rids[bad], news[bad], rows[bad])
+            for i in advancing[:k].tolist():
+                self._launch_for(rids[i])  # (the first runs the step's launch: all are in)
             self._computed[rows_a] = news_a
 
-    def _launch_for(self, rid: Hashable, n: int, computed: int) -> None:
-        """A commit of ``rid`` past its ``computed`` positions that no launch of this step
+    def _launch_for(self, rid: Hashable) -> None:
+        """A commit of ``rid`` past its computed positions that no launch of this step
         covers yet runs one: of every request allocated since ``step()`` if it is one of
         them, else of it alone."""
-        if n > computed and rid not in self._launched:
+        if rid not in self._launched:
             self._run_launch(launch_batch(rid, self._scheduled, self._launched))
 
     def _refuse_commit(self, rid: Hashable, n: Any, row: int) -> None:
@@ -443,14 +444,19 @@ class NativeDriver:
 
 @numba.njit(cache=True)
 def check_commits(R: np.ndarray, rows: np.ndarray, news: np.ndarray, computed: np.ndarray,
-                  n: int) -> int:
-    """The first pair that may not commit (computed <= new <= min(tokens, allocated)),
-    or -1."""
+                  n: int, advancing: np.ndarray) -> tuple[int, int]:
+    """The first pair that may not commit (computed <= new <= min(tokens, allocated)), or -1;
+    and how many pairs commit past their computed positions (their indices into
+    ``advancing``: each needs a launch of this step to cover it)."""
+    k = 0
     for i in range(n):
         r = rows[i]
         if not computed[r] <= news[i] <= min(R[R_KNOWN, r], R[R_RESERVED, r]):
-            return i
-    return -1
+            return i, k
+        if news[i] > computed[r]:
+            advancing[k] = i
+            k += 1
+    return -1, k
 
 
 __all__ = ["NativeDriver", "make", "make_checked"]
