@@ -24,7 +24,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -68,17 +68,29 @@ _TOKENS = operator.attrgetter("tokens")
 _NO_COPIES.flags.writeable = False
 
 
+class _HitMemo(NamedTuple):
+    """A request's last lookup (``NativeAllocator._hits``): its chain and token counts, and
+    per hit the hash slot, the slot's interning stamp and the block."""
+
+    counts: tuple[int, int]
+    slots: np.ndarray
+    stamps: np.ndarray
+    blocks: np.ndarray
+    hits: list[int]
+
+
 class _NativeRequest:
     """A request's Python side: its token ids and their chain hashes (``RequestBook``), its
     row of the native arrays."""
 
-    __slots__ = ("rid", "tokens", "salt", "extra_keys", "hashes", "row")
+    __slots__ = ("rid", "tokens", "salt", "extra_keys", "hashes", "row", "hit_memo")
 
     def __init__(self, rid: Hashable, tokens: list[int], salt: str | bytes | None,
                  extra_keys: tuple[Any, ...], row: int) -> None:
         self.rid, self.tokens, self.salt, self.extra_keys = rid, tokens, salt, extra_keys
         self.hashes: list[int] = []
         self.row = row
+        self.hit_memo: _HitMemo | None = None
 
 
 class NativeAllocator(RequestBook):
@@ -139,6 +151,7 @@ class NativeAllocator(RequestBook):
         mod.commit_blocks(*arrays[:5], none, none, none, 0)
         mod.complete_and_commit(*arrays, none, 0, 0, none, 0, none, F)
         mod.count_known(arrays[1], arrays[5], none, 0, none)
+        mod.prefix_current(arrays[4], arrays[4], none, none, none, 0)
         tr = self._rows
         mod.put_grown(arrays[0], arrays[5], arrays[6], none, none, 0, tr.blocks, tr.gens,
                       tr.lengths)
@@ -401,6 +414,30 @@ class NativeAllocator(RequestBook):
                                   self._rows_of(reqs) if rows is None else rows, n, filled)
         for i in filled[:nf].tolist():  # their last token ended a block: hash it
             self._extend_hashes(reqs[i])
+
+    def _hits(self, req: _NativeRequest) -> list[int]:
+        """``RequestBook._hits``: the spec's ``leading_hits``, resumed past the hits the
+        request's last lookup found while each is current (``prefix_current``: its digest
+        still interned since and registered to the same block, so looking it up again finds
+        the same). A waiting request is looked up every step, its prefix rarely changed."""
+        if not self.prefix_caching:
+            return []
+        pool, counts = self.pool, (len(req.hashes), len(req.tokens))
+        memo = req.hit_memo
+        if memo is not None and not (memo.counts == counts and self.mod.prefix_current(
+                pool.X, pool.G, memo.slots, memo.stamps, memo.blocks, len(memo.hits))):
+            memo = None
+        found: list[int] = []
+        more = self.spec.leading_hits(req.hashes, counts[1], self.block_size,
+                                      pool.recording_lookup(found), len(memo.hits) if memo else 0)
+        if not more:
+            req.hit_memo = memo
+            return list(memo.hits) if memo else []
+        if memo:
+            found, more = memo.slots.tolist() + found, memo.hits + more
+        slots = np.array(found, np.int64)
+        req.hit_memo = _HitMemo(counts, slots, pool.G[slots], np.array(more, np.int64), more)
+        return list(more)
 
     def count_takeable(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` (ids of the pool) an allocation could take (the spec's

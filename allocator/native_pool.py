@@ -28,7 +28,7 @@ import os
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -261,6 +261,11 @@ class NativePool:
         self._hslot: dict[int, int] = {}
         self._digest: list[int] = [NO_HASH] * len(self.X)
         self._free_hslots = list(range(len(self.X) - 1, 0, -1))
+        # Per hash slot, the stamp of the interning it holds (a count that never repeats,
+        # not even across ``load``): a slot and its stamp name one digest's interning, so a
+        # request's hits found earlier can be checked still current (``prefix_current``).
+        self.G = np.zeros(len(self.X), np.int64)
+        self._stamp = getattr(self, "_stamp", 0)
         self.retire_queue: deque[tuple[int, int]] = deque()
         # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).
         self._scratch = np.empty((3, 64), np.int64)
@@ -307,6 +312,8 @@ class NativePool:
             slot = self._free_hslots.pop()
             self._hslot[h] = slot
             self._digest[slot] = h
+            self._stamp += 1
+            self.G[slot] = self._stamp
         return slot
 
     def _hash_slots(self, digests: Sequence[int]) -> list[int]:
@@ -341,12 +348,15 @@ class NativePool:
         got = free[-len(digests):]
         del free[-len(digests):]
         self._hslot.update(zip(digests, got, strict=True))
+        self.G[got] = np.arange(self._stamp + 1, self._stamp + 1 + len(got))
+        self._stamp += len(got)
         _consume(map(self._digest.__setitem__, got, digests))
 
     def _grow_hash_slots(self) -> None:
         """Twice the hash slots (the new ones free)."""
         old = len(self.X)
         self.X = np.concatenate([self.X, np.full(old, NO_BLOCK, np.int64)])
+        self.G = np.concatenate([self.G, np.zeros(old, np.int64)])
         self._digest += [NO_HASH] * old
         self._free_hslots = list(range(2 * old - 1, old - 1, -1)) + self._free_hslots
 
@@ -687,11 +697,22 @@ class NativePool:
     # ---- reads -----------------------------------------------------------------------------------
     def lookup(self, h: int) -> int | None:
         """The block registered under digest h, or None."""
-        slot = self._hslot.get(h)
-        if slot is None:
-            return None
-        b = self.X.item(slot)  # (a Python int, without a NumPy scalar)
-        return None if b == NO_BLOCK else b
+        return self.recording_lookup([])(h)
+
+    def recording_lookup(self, found: list[int]) -> Callable[[int], int | None]:
+        """``lookup``, appending to ``found`` the hash slot of each digest it finds."""
+        get, X = self._hslot.get, self.X
+
+        def lookup(h: int) -> int | None:
+            slot = get(h)
+            if slot is None:
+                return None
+            b = X.item(slot)  # (a Python int, without a NumPy scalar)
+            if b == NO_BLOCK:
+                return None
+            found.append(slot)
+            return b
+        return lookup
 
     def lookup_many(self, hashes: Sequence[int]) -> np.ndarray:
         """The block registered under each hash (``NO_BLOCK``, -1, where none), as an int64

@@ -310,6 +310,19 @@ def commit_blocks(B, M, H, K, X, blocks, holders, hslots, n):
 
 
 @njit(cache=True)
+def prefix_current(X, G, slots, stamps, blocks, n):
+    """Whether each hash slot ``slots[i]`` (i < n) still holds the interning stamped
+    ``stamps[i]`` and names block ``blocks[i]``: a request's leading hits found earlier,
+    each digest still interned since and registered to the same block (so a lookup of it
+    finds that block now)."""
+    for i in range(n):
+        s = slots[i]
+        if s >= X.shape[0] or G[s] != stamps[i] or X[s] != blocks[i]:
+            return False
+    return True
+
+
+@njit(cache=True)
 def count_known(M, R, rows, n, filled):
     """One more token id known for each request ``rows[:n]``; into ``filled`` the indices of
     those whose known tokens now end a block (its hash is due). Returns how many."""

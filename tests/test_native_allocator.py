@@ -27,6 +27,7 @@ from pagedkv.allocator import (  # noqa: E402
     native_source,
 )
 from pagedkv.allocator import native_pool as native  # noqa: E402
+from pagedkv.allocator.allocator import RequestBook  # noqa: E402
 from pagedkv.allocator.native_allocator import NativeAllocator  # noqa: E402
 from pagedkv.allocator.native_pool import NativePool, NativeUnavailable  # noqa: E402
 from pagedkv.allocator.native_steps import R_KNOWN, R_TLEN  # noqa: E402
@@ -364,3 +365,25 @@ def test_a_launch_run_and_completed_at_once_stays_in_flight_if_its_completion_is
     launch.complete()
     a.commit("a", 9)
     assert a.inflight == () and a.num_computed("a") == 9
+
+
+def test_a_resumed_lookup_drops_a_hit_whose_slot_was_interned_again():
+    """A hit's hash slot freed and interned for another digest, registered to the same
+    block id: the slot's stamp changed, so the lookup starts over (a resumption that read
+    only the block would keep a hit on a digest no longer cached)."""
+    a = NativeAllocator(16, 4)
+    a.add_request("a", list(range(9)))
+    a.allocate("a", 9)
+    a.publish(["a"]).complete()
+    a.commit("a", 8)
+    a.add_request("w", list(range(8)) + [50, 51])
+    w = a._req("w")
+    b0, b1 = a._hits(w)
+    pool = a.pool
+    slot = pool._hslot[w.hashes[1]]
+    pool.X[slot] = -1  # block b1's digest evicted, its slot freed ...
+    pool._forget_hashes([slot])
+    pool._intern_new([12345])  # ... and interned for another digest, naming b1 again
+    assert pool._hslot[12345] == slot
+    pool.X[slot] = b1
+    assert a._hits(w) == [b0] == RequestBook._hits(a, w)

@@ -18,6 +18,7 @@ from anchor_paths import VLLM_KVCACHE_CANDIDATES
 pytest.importorskip("numba")
 
 from pagedkv.allocator import InvalidArgument  # noqa: E402
+from pagedkv.allocator.allocator import RequestBook  # noqa: E402
 from pagedkv.engine import driver as pk_driver  # noqa: E402
 from pagedkv.engine import native_driver  # noqa: E402
 from pagedkv.proofs.native_refinement import snapshot  # noqa: E402
@@ -67,6 +68,27 @@ def test_the_batched_loop_makes_the_same_decisions_through_both_drivers(loops, s
     assert {op for _, op, *_ in got} >= {"add", "allocate", "commit", "append", "free"}
     assert list(d.alloc.requests) == [native_driver._NULL]  # everything was freed
     assert d.alloc.pool.structure_errors() == []
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_every_lookup_resumed_from_the_last_finds_what_a_fresh_lookup_finds(loops, seed):
+    """``NativeAllocator._hits`` resumes a request's lookup past its last hits while they
+    are current; on a pool small enough to evict, each answer is ``RequestBook._hits``'s
+    (the spec's lookup from the first block), and some were resumed."""
+    traces, batched = loops
+    d = native_driver.make(96, 8)
+    alloc, resumed = d.alloc, [0]
+    resume = alloc._hits
+
+    def both(req: Any) -> list[int]:
+        resumed[0] += req.hit_memo is not None
+        got = resume(req)
+        assert got == RequestBook._hits(alloc, req)
+        return got
+
+    alloc._hits = both
+    batched.run(_trace(traces, seed), d, token_budget=256, max_running=16)
+    assert resumed[0] > 10
 
 
 @pytest.mark.parametrize("seed", range(3))
