@@ -46,6 +46,7 @@ class _Batch:
     rows: list[int] | None = None
     array: np.ndarray | None = None
     records: list[Any] | None = None
+    distinct: bool = False
 
 
 _NO_BATCH = _Batch()
@@ -229,7 +230,7 @@ class NativeDriver:
         rids = list(rids)
         counts = list(num_new_tokens)
         rows = self._running_rows(rids)
-        if (rows is None or len(counts) != len(rows) or len(set(rows)) != len(rows)
+        if (rows is None or len(counts) != len(rows) or not self._distinct(rows)
                 or (counts and (set(map(type, counts)) != {int} or min(counts) <= 0))):
             counts = self._refuse_running(rids, counts)
             rows = self._running_rows(rids)
@@ -256,8 +257,14 @@ class NativeDriver:
             rows = [row_of[rid] for rid in rids]
         except (KeyError, TypeError):
             return None
-        self._last = _Batch(rids, rows, np.array(rows, np.int64))
+        self._last = _Batch(rids, rows, np.array(rows, np.int64),
+                            distinct=len(set(rows)) == len(rows))
         return rows
+
+    def _distinct(self, rows: list[int]) -> bool:
+        """Whether no row appears twice in ``rows`` (known for ``_running_rows``' own)."""
+        last = self._last
+        return last.distinct if rows is last.rows else len(set(rows)) == len(rows)
 
     def _rows_array(self, rows: list[int]) -> np.ndarray:
         """``rows`` as an int64 array (the one kept with them, for ``_running_rows``' own;
@@ -317,8 +324,10 @@ class NativeDriver:
                                    advancing)
             if bad >= 0:
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
+            launched = self._launched
             for i in advancing[:k].tolist():
-                self._launch_for(rids[i])  # (the first runs the step's launch: all are in)
+                if rids[i] not in launched:  # (the first runs the step's launch: all are in)
+                    self._launch_for(rids[i])
             self._computed[rows_a] = news_a
 
     def _launch_for(self, rid: Hashable) -> None:
@@ -350,7 +359,7 @@ class NativeDriver:
         tokens = [t for _, t in pairs]
         rows = self._running_rows(rids)
         with alloc._lock:
-            if rows is not None and len(set(rows)) == len(rows):
+            if rows is not None and self._distinct(rows):
                 alloc.append_token_many(self._records_of(rows), tokens,
                                         self._rows_array(rows))
                 return
