@@ -348,7 +348,7 @@ class NativePool:
         got = free[-len(digests):]
         del free[-len(digests):]
         self._hslot.update(zip(digests, got, strict=True))
-        self.G[got] = np.arange(self._stamp + 1, self._stamp + 1 + len(got))
+        _consume(map(self.G.__setitem__, got, range(self._stamp + 1, self._stamp + 1 + len(got))))
         self._stamp += len(got)
         _consume(map(self._digest.__setitem__, got, digests))
 
@@ -649,8 +649,9 @@ class NativePool:
         slots = np.array(self._hash_slots(hashes), np.int64)
         try:
             self._run("commit", bs, r, slots)
-        finally:
+        except BaseException:
             self._release_hashes(slots)  # the digest of a refused (or unrun) commit goes
+            raise
 
     def rewind(self, b: int, r: Hashable, k: int) -> None:
         self._run("rewind", self._ids([b]), r, check_count(k, "k (slots kept)", self.block_size))

@@ -238,6 +238,9 @@ def test_lookups_read_the_hash_map():
     with pytest.raises(GuardViolation, match="commit refused"):
         nat.commit_many("a", blocks[1:2], [11])  # 11 is cached already
     assert 11 in nat._hslot and nat.lookup(11) == blocks[0]
+    with pytest.raises(GuardViolation, match="commit refused"):
+        nat.commit_many("a", blocks[[1, 0]], [77, 78])  # block 0 is committed already
+    assert nat.lookup(77) == blocks[1] and 78 not in nat._hslot  # the refused one's goes
 
 
 def _slot_accounting(nat: NativePool) -> tuple[int, int, int]:
