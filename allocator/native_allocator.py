@@ -64,8 +64,8 @@ from .table import MAX_COUNT, check_count
 from .table_rows import TableRows, launch_width
 
 _NO_COPIES = np.empty((0, 2), np.int32)
-_TOKENS = operator.attrgetter("tokens")
 _NO_COPIES.flags.writeable = False
+_TOKENS = operator.attrgetter("tokens")
 
 
 class _HitMemo(NamedTuple):

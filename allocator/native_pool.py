@@ -70,13 +70,13 @@ from .storage import PoolStorage
 from .table import MAX_COUNT, check_block_size, check_count, check_int
 
 ROW, CLOCK0, COUNT0 = ns.ROW, ns.CLOCK0, ns.COUNT0
+UNKNOWN_HOLDER = 0  # the slot of every id that is not an open holder: never alive
+_INT64 = np.dtype(np.int64)
 
 
 def _consume(it: Iterator[object]) -> None:
     """Run an iterator of calls to its end at C speed (a zero-length deque keeps nothing)."""
     deque(it, maxlen=0)
-UNKNOWN_HOLDER = 0  # the slot of every id that is not an open holder: never alive
-_INT64 = np.dtype(np.int64)
 
 
 class NativeUnavailable(AllocatorError, ImportError):
