@@ -279,6 +279,7 @@ class NativeAllocator(RequestBook):
         R[R_RESERVED, row] = reserved
         added = self.T[row, :entries].tolist()
         self._put_rows(row, 0, added)
+        req.hit_memo = None  # admitted: not looked up again (its memory goes)
         return added
 
     @_locked
