@@ -379,9 +379,7 @@ class NativePool:
 
     def _release_hash(self, slot: int) -> None:
         if slot and self.X[slot] == NO_BLOCK and self._digest[slot] != NO_HASH:
-            del self._hslot[self._digest[slot]]
-            self._digest[slot] = NO_HASH
-            self._free_hslots.append(slot)
+            self._forget_hashes([slot])
 
     def _scratch_for(self, k: int) -> np.ndarray:
         """Scratch rows of at least k entries (grown by doubling: amortized O(1))."""
