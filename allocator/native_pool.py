@@ -58,6 +58,7 @@ from .allocator import _ordered
 from .compiled import _PROBE_BY_KIND, _effect_probe_pools, _probe_pools, _Unsupported
 from .errors import AllocatorError, GuardViolation, InvalidArgument, InvariantViolation
 from .hashing import _INT_ONLY
+from .native_entry import pool_loops
 from .pool import (
     _GUARD_ERRORS,
     MAX_BLOCKS,
@@ -271,7 +272,9 @@ class NativePool:
         self._scratch = np.empty((3, 64), np.int64)
         self._one = np.empty((1, 1), np.int64)
         self._keys_bound, self._keys_half = 0, len(self.K) // 2
-        self._take_many, self._release_many = self.mod.take_many, self.mod.release_many
+        loops = self._loops = pool_loops(self.mod)
+        self._take_many, self._release_many = loops.take_many, loops.release_many
+        self._runs = loops.run
         self.view = PoolState(
             **{f: self.B[ROW[f], :n] for f in ROW if f in ARRAY_FIELDS and f != "hash"},
             hash=_HashRow(self), hmap=_HashMap(self), alive=_Holder(self, 0),
@@ -432,7 +435,7 @@ class NativePool:
     def _check_touched(self, name: str, blocks: np.ndarray, n: int) -> None:
         if not self.checked or n == 0:
             return
-        i = self.mod.first_failing(self.B, self.M, self.H, self.K, self.X, blocks, n)
+        i = self._loops.first_failing(self.B, self.M, self.H, self.K, self.X, blocks, n)
         if i >= 0:
             b = int(blocks[i])
             values = self.mod.each(self.B, self.M, self.H, self.K, self.X, b)
@@ -446,7 +449,7 @@ class NativePool:
         P = self._one
         if L is not None:
             P[0, 0] = L
-        if getattr(self.mod, f"run_{name}")(self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
+        if self._runs[name](self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
             self._refuse(name, **({} if L is None else {"L": L}))
         self._check_clock(name, L)
 
@@ -491,7 +494,7 @@ class NativePool:
             slot = self._new_holder_slot(r)
         P = self._one
         P[0, 0] = slot
-        if self.mod.run_open_holder(self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
+        if self._runs["open_holder"](self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
             if new:
                 self._forget_holder(r)
             self._refuse("open_holder", r=r)
@@ -500,7 +503,7 @@ class NativePool:
         slot = self._holder(r)
         P = self._one
         P[0, 0] = slot
-        if self.mod.run_close_holder(self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
+        if self._runs["close_holder"](self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
             self._refuse("close_holder", r=r)
         if slot != UNKNOWN_HOLDER:
             self._forget_holder(r)
@@ -522,16 +525,26 @@ class NativePool:
             slot = self._slot.get(r, UNKNOWN_HOLDER)
         except TypeError:
             slot = self._holder(r)  # raises InvalidArgument
-        if self._keys_bound + n > self._keys_half:
+        bound = self._keys_bound + n
+        if bound > self._keys_half:
             self._room_for_keys(n)
         else:
-            self._keys_bound += n
-        out = np.empty(n, np.int64)
-        S, done, take = self._scratch, 0, self._take_many
+            self._keys_bound = bound
+        out = np.empty(n, _INT64)
+        found = self._take_many(self.B, self.M, self.H, self.K, self.X, slot, n, out,
+                                self._scratch)
+        if found[1] or found[4] or self.checked:  # evictions, a stop, or checks to run
+            return self._taken(r, slot, n, out, found)
+        return out
+
+    def _taken(self, r: Hashable, slot: int, n: int, out: np.ndarray,
+               found: tuple[int, int, int, int, int]) -> np.ndarray:
+        """``take_many`` past its first native call's answer ``found``: the evicted digests
+        forgotten, the touched blocks checked, the rest taken after the scratch rows grew,
+        or the refusal raised."""
+        S, done = self._scratch, 0
         while True:  # once, unless the scratch rows fill (evictions): grown, then the rest
-            taken, nev, nt, refused, status = take(
-                self.B, self.M, self.H, self.K, self.X, slot, n - done,
-                out[done:] if done else out, S)
+            taken, nev, nt, refused, status = found
             done += taken
             if nev:
                 self._forget_hashes(S[1, :nev].tolist())
@@ -542,6 +555,8 @@ class NativePool:
             if status != self.mod.TAKE_SCRATCH_FULL:
                 break
             S = self._scratch_for(2 * S.shape[1])
+            found = self._take_many(self.B, self.M, self.H, self.K, self.X, slot, n - done,
+                                    out[done:], S)
         if status == self.mod.TAKE_EXHAUSTED:
             raise AssertionError("take_many() on an exhausted pool")
         evict = status == self.mod.TAKE_EVICT_REFUSED
@@ -562,15 +577,23 @@ class NativePool:
         except TypeError:
             slot = self._holder(r)
         n = len(bs)
-        S = self._scratch if self._scratch.shape[1] >= n else self._scratch_for(n)
+        S = self._scratch
+        if S.shape[1] < n:
+            S = self._scratch_for(n)
         done, nret = self._release_many(self.B, self.M, self.H, self.K, self.X, slot, bs,
                                         n, S)
+        if nret or done < n or self.checked:
+            self._released(r, bs, done, nret)
+
+    def _released(self, r: Hashable, bs: np.ndarray, done: int, nret: int) -> None:
+        """``release_many`` past its native call: the retired blocks queued at the current
+        clock, the released ones checked, the refusal raised."""
         if nret:
             stamp = int(self.M[CLOCK0 + ISSUED])
-            self.retire_queue.extend(zip(itertools.repeat(stamp), S[0, :nret].tolist()))
+            self.retire_queue.extend(zip(itertools.repeat(stamp), self._scratch[0, :nret].tolist()))
         if self.checked:
             self._check_touched("release", bs, done)
-        if done < n:
+        if done < len(bs):
             self._refuse("release", b=int(bs[done]), r=r)
 
     def share_many(self, r: Hashable, blocks: object) -> None:
@@ -580,7 +603,7 @@ class NativePool:
         bs = self._ids(blocks)
         slot = self._holder(r)
         self._room_for_keys(len(bs))
-        done = self.mod.share_many(self.B, self.M, self.H, self.K, self.X, slot, bs, len(bs))
+        done = self._loops.share_many(self.B, self.M, self.H, self.K, self.X, slot, bs, len(bs))
         self._check_touched("share", bs, done)
         if done < len(bs):
             self._refuse("share", b=int(bs[done]), r=r)
@@ -601,7 +624,7 @@ class NativePool:
                 P[1] = self._holder(r)
         if extra is not None:
             P[2] = extra
-        done = getattr(self.mod, f"run_{name}")(self.B, self.M, self.H, self.K, self.X, P, n)
+        done = self._runs[name](self.B, self.M, self.H, self.K, self.X, P, n)
         if self.checked:
             self._check_touched(name, bs, done)
         if done < n:
@@ -631,7 +654,7 @@ class NativePool:
         """The launch that wrote each block completed; a reclaimed block is recycled if it
         can be now."""
         bs = self._ids(blocks)
-        done = self.mod.end_write_many(self.B, self.M, self.H, self.K, self.X, bs, len(bs))
+        done = self._loops.end_write_many(self.B, self.M, self.H, self.K, self.X, bs, len(bs))
         self._check_touched("end_write", bs, done)
         if done < len(bs):
             self._refuse("end_write", b=int(bs[done]))

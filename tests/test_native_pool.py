@@ -497,3 +497,46 @@ def test_the_holder_set_is_a_set():
             mod.rehash(K, new)
             K, used = new, len(model)
     assert collided  # some insert reused a deleted cell
+
+
+def _strided(ids):
+    out = np.full(2 * len(ids), -7, np.int64)
+    out[::2] = ids
+    return out[::2]
+
+
+def _read_only(ids):
+    out = np.array(ids, np.int64)
+    out.flags.writeable = False
+    return out
+
+
+@pytest.mark.parametrize("as_blocks", [
+    list,
+    lambda ids: np.array(ids, np.int64),
+    lambda ids: np.array(ids[::-1], np.int64)[::-1],  # a reversed view
+    _strided,
+    _read_only,
+    lambda ids: np.array(ids, np.int32),
+    lambda ids: np.array(ids, np.uint16),
+    lambda ids: np.array(ids, ">i8"),  # int64, not in the machine's byte order
+], ids=["list", "int64", "reversed", "strided", "read-only", "int32", "uint16", "big-endian"])
+def test_block_arrays_of_any_layout_and_integer_dtype_name_the_same_blocks(as_blocks):
+    """The native loops are called through entry points that trust their argument types
+    (``native_entry``): a caller's block array of any strides, dtype or byte order must
+    reach them as the blocks it names."""
+    nat = NativePool(8, 4, checked=True)
+    nat.open_holder("a")
+    nat.open_holder("b")
+    taken = nat.take_many("a", 6).tolist()
+    nat.publish_many("a", as_blocks([1, 3, 5]))
+    nat.begin_write_many("a", as_blocks([1, 3, 5]), 4)
+    nat.end_write_many(as_blocks([1, 3, 5]))
+    nat.commit_many("a", as_blocks([1, 3, 5]), [11, 13, 15])
+    nat.share_many("b", as_blocks([1, 5]))
+    nat.release_many("a", as_blocks([4, 1, 0]))
+    assert nat.held_by("a") == set(taken) - {0, 1, 4}
+    assert nat.held_by("b") == {1, 5}
+    assert nat.lookup_many([11, 13, 15]).tolist() == [1, 3, 5]
+    nat.release_many("b", as_blocks([5, 1]))
+    assert 1 in nat.queue_order() and 5 not in nat.queue_order()  # 1 cached, 5 still held

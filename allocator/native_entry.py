@@ -1,0 +1,56 @@
+"""Native loops called through their compiled entry points, past numba's type dispatch.
+
+A numba dispatcher types every argument of every call to choose a compiled version; for a
+loop of nine arguments that costs about as much as the loop itself on one block. A hot path
+whose arguments always have the same types (arrays it made itself) can call the compiled
+version directly: ``entry(loop, *types)``. The compiled code trusts its arguments -- an
+array's dtype, dimensions and layout are not checked -- so each argument must have exactly
+its declared type; a block list from a caller is declared ``ANY_VEC`` (any strides)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from numba import types
+
+from .native_source import NATIVE
+
+I64 = types.int64
+VEC = types.Array(types.int64, 1, "C")  # a contiguous int64 vector (np.empty(n, np.int64))
+ANY_VEC = types.Array(types.int64, 1, "A")  # any int64 vector: a view, reversed, strided
+MAT = types.Array(types.int64, 2, "C")  # a contiguous int64 matrix
+POOL = (MAT, VEC, MAT, VEC, VEC)  # NativePool's B, M, H, K, X
+
+
+def entry(loop: Any, *arg_types: Any) -> Callable[..., Any]:
+    """``loop`` (a numba dispatcher) compiled for exactly ``arg_types``, or loaded from
+    numba's cache: the bare compiled function."""
+    compiled = loop.compile(tuple(arg_types))
+    if not callable(compiled):  # pragma: no cover - numba's compile returns the entry point
+        raise TypeError(f"numba returned no entry point for {loop.__name__}")
+    return compiled
+
+
+class PoolLoops:
+    """The generated module's pool loops a ``NativePool`` calls on its hot paths, as entry
+    points for the argument types it passes them (its own arrays; caller block lists as
+    ``ANY_VEC``). One per module (``pool_loops``)."""
+
+    def __init__(self, mod: Any) -> None:
+        self.take_many = entry(mod.take_many, *POOL, I64, I64, VEC, MAT)
+        self.release_many = entry(mod.release_many, *POOL, I64, ANY_VEC, I64, MAT)
+        self.share_many = entry(mod.share_many, *POOL, I64, ANY_VEC, I64)
+        self.end_write_many = entry(mod.end_write_many, *POOL, ANY_VEC, I64)
+        self.first_failing = entry(mod.first_failing, *POOL, ANY_VEC, I64)
+        # run_<name>(B, M, H, K, X, P, n): P's rows are the transition's parameters
+        self.run = {name: entry(getattr(mod, f"run_{name}"), *POOL, MAT, I64)
+                    for name in NATIVE}
+
+
+def pool_loops(mod: Any) -> PoolLoops:
+    """``PoolLoops`` of the generated module ``mod`` (built once per module, kept on it)."""
+    loops = getattr(mod, "_pool_loops", None)
+    if loops is None:
+        loops = mod._pool_loops = PoolLoops(mod)
+    return loops
