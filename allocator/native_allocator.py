@@ -49,6 +49,7 @@ from .errors import (
 )
 from .hashing import normalize_extra_keys
 from .launch import Launch, LaunchAlreadyCompleted
+from .native_entry import step_loops
 from .native_pool import ROW, NativePool, _consume, native_module
 from .native_steps import (  # the row layout the generated module was pasted with
     R_COMPUTED,
@@ -66,6 +67,7 @@ from .table_rows import TableRows, launch_width
 _NO_COPIES = np.empty((0, 2), np.int32)
 _NO_COPIES.flags.writeable = False
 _TOKENS = operator.attrgetter("tokens")
+_INT64 = np.dtype(np.int64)
 
 
 class _HitMemo(NamedTuple):
@@ -135,6 +137,7 @@ class NativeAllocator(RequestBook):
         self._S = np.empty((3, 2 * self.num_blocks + 2), np.int64)  # never fills: see grow
         self._filled = np.empty((3, rows), np.int64)
         self._load_loops()
+        self._steps = step_loops(self.mod)
 
     def _load_loops(self) -> None:
         """Each step loop called once on no request, on copies of the arrays, so that numba
@@ -346,7 +349,7 @@ class NativeAllocator(RequestBook):
         if n == 1 and not grown[0]:  # a decode step's growth within its table
             return out
         T, tlen, tr = self.T, self.R[R_TLEN], self._rows
-        if self.mod.put_grown(self.pool.B, self.R, T, rows, grown, n, tr.blocks, tr.gens,
+        if self._steps.put_grown(self.pool.B, self.R, T, rows, grown, n, tr.blocks, tr.gens,
                               tr.lengths) >= 0:  # pragma: no cover - rows grow by appends
             raise AssertionError("a table grew other than at its end")
         for i in np.flatnonzero(grown[:n]).tolist():
@@ -364,10 +367,14 @@ class NativeAllocator(RequestBook):
         one grown added (shorter than ``rows`` if one did not fit). int64 arrays, the counts
         checked ints > 0 and the requests distinct (the caller's). Under the caller's lock."""
         n = len(rows)
+        if not (rows.dtype is bases.dtype is counts.dtype is _INT64
+                and rows.ndim == bases.ndim == counts.ndim == 1
+                and len(bases) == len(counts) == n):  # (the native loop trusts their types)
+            raise InvalidArgument("grow_running takes three int64 vectors of one length")
         targets = np.empty(n, np.int64)
         grown = np.empty(n, np.int64)
         while True:
-            found = self.mod.grow_running(*self._arrays, rows, bases, counts, n, self._S,
+            found = self._steps.grow_running(*self._arrays, rows, bases, counts, n, self._S,
                                           grown, targets)
             if found[1] != self.mod.STEP_TOO_WIDE:
                 break
@@ -411,7 +418,7 @@ class NativeAllocator(RequestBook):
         if self._filled.shape[1] < n:
             self._filled = np.empty((3, 2 * n), np.int64)
         filled = self._filled[0]
-        nf = self.mod.count_known(self.pool.M, self.R,
+        nf = self._steps.count_known(self.pool.M, self.R,
                                   self._rows_of(reqs) if rows is None else rows, n, filled)
         for i in filled[:nf].tolist():  # their last token ended a block: hash it
             self._extend_hashes(reqs[i])
@@ -425,7 +432,7 @@ class NativeAllocator(RequestBook):
             return []
         pool, counts = self.pool, (len(req.hashes), len(req.tokens))
         memo = req.hit_memo
-        if memo is not None and not (memo.counts == counts and self.mod.prefix_current(
+        if memo is not None and not (memo.counts == counts and self._steps.prefix_current(
                 pool.X, pool.G, memo.slots, memo.stamps, memo.blocks, len(memo.hits))):
             memo = None
         found: list[int] = []
@@ -490,7 +497,7 @@ class NativeAllocator(RequestBook):
         number, blocks written, slot mapping, per request the positions issued before and
         after, the longest table)."""
         n, mod, pool = len(rids), self.mod, self.pool
-        i, status, npos, nblocks, longest = mod.launch_plan(*self._arrays, rows, n)
+        i, status, npos, nblocks, longest = self._steps.launch_plan(*self._arrays, rows, n)
         if status == mod.STEP_NOTHING_ALLOCATED:
             raise InvalidArgument(f"request {rids[i]!r} has no allocated positions")
         if status != mod.STEP_OK:
@@ -501,8 +508,8 @@ class NativeAllocator(RequestBook):
         starts = np.empty(n, np.int64)
         lens = np.empty(n, np.int64)
         written = np.empty(nblocks, np.int64)
-        stage, i, refused, w, L, nw = mod.launch_rows(*self._arrays, rows, n, slots, starts,
-                                                      lens, written)
+        stage, i, refused, w, L, nw = self._steps.launch_rows(*self._arrays, rows, n, slots,
+                                                              starts, lens, written)
         if self.checked and nw:
             pool._check_touched("begin_write", written, nw)
         if stage == 1:
@@ -582,7 +589,7 @@ class NativeAllocator(RequestBook):
         if self._filled.shape[1] < n:
             self._filled = np.empty((3, 2 * n), np.int64)
         news = np.empty(n, np.int64)
-        failed, refused, advanced, i, status, _, nf = self.mod.complete_and_commit(
+        failed, refused, advanced, i, status, _, nf = self._steps.complete_and_commit(
             *self._arrays, written, len(written), L, rows, n, news, self._filled)
         if failed >= 0 or refused:
             self._launch_of(rids, rows, *issued)
@@ -686,8 +693,8 @@ class NativeAllocator(RequestBook):
         slots = np.array(pool._hash_slots(digests), np.int64)
         n = len(blocks)
         bs = np.array(blocks, np.int64)
-        failed, orphaned = self.mod.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X, bs,
-                                                  np.array(holders, np.int64), slots, n)
+        failed, orphaned = self._steps.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X,
+                                                     bs, np.array(holders, np.int64), slots, n)
         if orphaned:
             pool._release_hashes(slots)  # the digest of a block not committed goes
         if pool.checked:

@@ -54,3 +54,33 @@ def pool_loops(mod: Any) -> PoolLoops:
     if loops is None:
         loops = mod._pool_loops = PoolLoops(mod)
     return loops
+
+
+I32_MAT = types.Array(types.int32, 2, "C")
+STEP = (*POOL, MAT, MAT)  # NativeAllocator's arrays: the pool's, R and T
+
+
+class StepLoops:
+    """The step loops a ``NativeAllocator`` calls each step, as entry points: its own
+    arrays, its scratch outputs, and row / count vectors as ``ANY_VEC``."""
+
+    def __init__(self, mod: Any) -> None:
+        self.grow_running = entry(mod.grow_running, *STEP, ANY_VEC, ANY_VEC, ANY_VEC, I64,
+                                  MAT, VEC, VEC)
+        self.launch_plan = entry(mod.launch_plan, *STEP, ANY_VEC, I64)
+        self.launch_rows = entry(mod.launch_rows, *STEP, ANY_VEC, I64, VEC, VEC, VEC, VEC)
+        self.complete_and_commit = entry(mod.complete_and_commit, *STEP, VEC, I64, I64,
+                                         ANY_VEC, I64, VEC, MAT)
+        self.count_known = entry(mod.count_known, VEC, MAT, ANY_VEC, I64, VEC)
+        self.put_grown = entry(mod.put_grown, MAT, MAT, MAT, ANY_VEC, VEC, I64, I32_MAT,
+                               I32_MAT, VEC)
+        self.commit_blocks = entry(mod.commit_blocks, *POOL, VEC, VEC, VEC, I64)
+        self.prefix_current = entry(mod.prefix_current, VEC, VEC, VEC, VEC, VEC, I64)
+
+
+def step_loops(mod: Any) -> StepLoops:
+    """``StepLoops`` of the generated module ``mod`` (built once per module, kept on it)."""
+    loops = getattr(mod, "_step_loops", None)
+    if loops is None:
+        loops = mod._step_loops = StepLoops(mod)
+    return loops

@@ -271,6 +271,7 @@ class NativePool:
         # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).
         self._scratch = np.empty((3, 64), np.int64)
         self._one = np.empty((1, 1), np.int64)
+        self._one_block = np.empty(1, np.int64)  # take's output, release's input
         self._keys_bound, self._keys_half = 0, len(self.K) // 2
         loops = self._loops = pool_loops(self.mod)
         self._take_many, self._release_many = loops.take_many, loops.release_many
@@ -562,6 +563,41 @@ class NativePool:
         evict = status == self.mod.TAKE_EVICT_REFUSED
         self._refuse("evict" if evict else "allocate", b=refused, **({} if evict else {"r": r}))
         return out[:done]  # pragma: no cover - _refuse raises
+
+    def take(self, r: Hashable) -> int:
+        """``BlockPool.take``: the queue's head for holder r (evicting cached heads on the
+        way), as ``take_many(r, 1)`` does, returned as an int (no array is made)."""
+        try:
+            slot = self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            slot = self._holder(r)
+        bound = self._keys_bound + 1
+        if bound > self._keys_half:
+            self._room_for_keys(1)
+        else:
+            self._keys_bound = bound
+        out = self._one_block
+        found = self._take_many(self.B, self.M, self.H, self.K, self.X, slot, 1, out,
+                                self._scratch)
+        if found[1] or found[4] or self.checked:
+            self._taken(r, slot, 1, out, found)
+        return out.item(0)
+
+    def release(self, b: int, r: Hashable) -> None:
+        """``BlockPool.release(b, r)``: ``release_many(r, [b])`` without a list."""
+        if type(b) is not int or not 0 <= b < self.num_blocks:
+            self.release_many(r, [b])  # InvalidArgument, saying why
+            return
+        one = self._one_block
+        one[0] = b
+        try:
+            slot = self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            slot = self._holder(r)
+        done, nret = self._release_many(self.B, self.M, self.H, self.K, self.X, slot, one, 1,
+                                        self._scratch)
+        if nret or not done or self.checked:
+            self._released(r, one, done, nret)
 
     def release_many(self, r: Hashable, blocks: object) -> None:
         """``BlockPool.release(b, r)`` for each block in order: at ref 0 a REFERENCED block is

@@ -14,7 +14,8 @@ Workloads (mirroring ../shared/anchors/vllm_blockpool/bench.py, which times vLLM
   (each a compiled loop of the spec's transition), the closest mirror of vLLM's
   get_new_blocks(n) + free_blocks(reversed(...)), which are one call each too;
   ``native pool``: NativePool (the spec's transitions as numba loops) with one
-  ``take_many("r", n)`` and one ``release_many("r", blocks[::-1])`` per round. ``holder open``:
+  ``take_many("r", n)`` and one ``release_many("r", blocks[::-1])`` per round (and at n = 1
+  its one-block calls too: ``take("r")`` + ``release(b, "r")``). ``holder open``:
   the holder is opened once before timing (vLLM's BlockPool has no holders, so this is the
   like-for-like figure); ``holder per round``: open_holder + close_holder every round, as the
   pool rows. The native rows are compared with vLLM caching=on (as the pool rows) and again
@@ -147,6 +148,28 @@ def alloc_free_native(n: int, rounds: int, checked: bool, repeat: int,
     if not holder_per_round:
         close_holder("r")
     return rounds * n / t
+
+
+def alloc_free_native_single(rounds: int, checked: bool, repeat: int) -> float | None:
+    """NativePool's one-block calls, ``take("r")`` then ``release(b, "r")``, per round (the
+    holder open, as ``alloc_free_native``'s default): n = 1 without an array each way, the
+    mirror of BlockPool's ``take`` / ``release`` (vLLM's BlockPool has only the batched
+    ``get_new_blocks(1)`` / ``free_blocks``)."""
+    try:
+        p = NativePool(NUM_BLOCKS, B, checked=checked)
+    except NativeUnavailable:
+        return None
+    take, release = p.take, p.release
+    p.open_holder("r")
+    release(take("r"), "r")
+
+    def run() -> None:
+        for _ in range(rounds):
+            release(take("r"), "r")
+
+    t = best_time(run, repeat)
+    p.close_holder("r")
+    return rounds / t
 
 
 # ---- prefix workload --------------------------------------------------------------------------
@@ -444,6 +467,9 @@ def build_rows(res: dict, anchor: dict | None) -> list[tuple[str, str, float | N
                 rows.append((f"alloc+free n={n} (native pool, {what}){suffix}", "blocks/s",
                              res[key][f"{n}"]["unchecked"], res[key][f"{n}"]["checked"],
                              vs.get(n)))
+    rows.append(("alloc+free n=1 (native pool, take + release: one block, no array)",
+                 "blocks/s", res["native_single"]["unchecked"], res["native_single"]["checked"],
+                 v.get(1)))
     ap = (anchor or {}).get("prefix", {})
     pp, pa, pn = res["prefix_pool"], res["prefix_alloc"], res["prefix_native"]
     v_hit = ap.get("lookup+touch+free req/s")
@@ -517,6 +543,9 @@ def main() -> None:
             res[key][f"{n}"] = {
                 mode: alloc_free_native(n, rounds, mode == "checked", repeat, per_round)
                 for mode in ("unchecked", "checked")}
+    res["native_single"] = {mode: alloc_free_native_single(400_000 // scale,
+                                                           mode == "checked", repeat)
+                            for mode in ("unchecked", "checked")}
     for mode in ("unchecked", "checked"):
         res["prefix_pool"][mode] = prefix_pool(mode == "checked", nreq, repeat)
         res["prefix_native"][mode] = prefix_native(

@@ -333,17 +333,17 @@ def test_commit_pairs_are_refused_in_order(bad):
 
 
 class _RefusingCompletion:
-    """The allocator's native module with ``complete_and_commit`` refusing the first write's
+    """The allocator's step loops with ``complete_and_commit`` refusing the first write's
     ``end_write`` (what a launch whose writes were ended behind its back meets)."""
 
-    def __init__(self, mod):
-        self._mod = mod
+    def __init__(self, loops, ok):
+        self._loops, self._ok = loops, ok
 
     def __getattr__(self, name):
-        return getattr(self._mod, name)
+        return getattr(self._loops, name)
 
     def complete_and_commit(self, *args):
-        return 0, False, 0, -1, self._mod.STEP_OK, -1, 0
+        return 0, False, 0, -1, self._ok, -1, 0
 
 
 def test_a_launch_run_and_completed_at_once_stays_in_flight_if_its_completion_is_refused():
@@ -354,10 +354,10 @@ def test_a_launch_run_and_completed_at_once_stays_in_flight_if_its_completion_is
     a.add_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     a.allocate("a", 9)
     rows = a._rows_of([a._req("a")])
-    real, a.mod = a.mod, _RefusingCompletion(a.mod)
+    real, a._steps = a._steps, _RefusingCompletion(a._steps, a.mod.STEP_OK)
     with pytest.raises(GuardViolation, match="end_write"):
         a._launch_and_commit(("a",), rows)
-    a.mod = real
+    a._steps = real
     (launch,) = a.inflight
     assert launch.rids == ("a",) and launch.slot_mapping.tolist() == [
         b * 4 + k for b in a.block_table("a") for k in range(4)][:9]
@@ -387,3 +387,24 @@ def test_a_resumed_lookup_drops_a_hit_whose_slot_was_interned_again():
     assert pool._hslot[12345] == slot
     pool.X[slot] = b1
     assert a._hits(w) == [b0] == RequestBook._hits(a, w)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda rows, bases, counts: (rows.astype(np.int32), bases, counts),
+    lambda rows, bases, counts: (rows, bases.astype(np.float64), counts),
+    lambda rows, bases, counts: (rows, bases, counts[:0]),
+    lambda rows, bases, counts: (rows, bases, np.stack([counts, counts])),
+], ids=["int32 rows", "float bases", "short counts", "2-d counts"])
+def test_grow_running_refuses_vectors_its_native_loop_would_misread(bad):
+    """``grow_running``'s loop is called through an entry point that trusts its argument
+    types: a vector of another dtype, length or shape is refused before it runs."""
+    a = NativeAllocator(16, 4)
+    a.add_request("a", list(range(9)))
+    a.allocate("a", 9)
+    rows = a._rows_of([a._req("a")])
+    before = (a.R.copy(), a.T.copy(), a.pool.B.copy())
+    with pytest.raises(InvalidArgument, match="int64 vectors"):
+        a.grow_running(*bad(rows, np.array([9], np.int64), np.array([4], np.int64)), ("a",))
+    assert all(np.array_equal(x, y) for x, y in zip(before, (a.R, a.T, a.pool.B), strict=True))
+    assert a.grow_running(rows, np.array([9], np.int64), np.array([4], np.int64), ("a",)) \
+        == [a.block_table("a")[3:]]

@@ -67,7 +67,8 @@ def test_the_workloads_reach_what_they_compare():
     for seed in range(12):
         seen += random_workload(seed, checked=False).seen
     ok = {name for name, out in seen if not isinstance(out, type)}
-    assert ok >= {"open_holder", "take_many", "release_many", "share_many", "publish_many",
+    assert ok >= {"open_holder", "take", "take_many", "release", "release_many", "share_many",
+                  "publish_many",
                   "begin_write_many", "end_write_many", "commit_many", "launch", "complete",
                   "advance_watermark", "close_holder", "rewind"}
     assert ("release_many", DoubleFree) in seen
@@ -381,6 +382,14 @@ def pool():
     (lambda p: p.release_many("a", np.zeros((1, 1), np.int64)), InvalidArgument),
     (lambda p: p.release_many("a", np.array([0.5])), InvalidArgument),
     (lambda p: p.release_many("b", [0]), DoubleFree),
+    (lambda p: p.release(0, "b"), DoubleFree),
+    (lambda p: p.release(8, "a"), InvalidArgument),
+    (lambda p: p.release(-1, "a"), InvalidArgument),
+    (lambda p: p.release(2**70, "a"), InvalidArgument),
+    (lambda p: p.release(0.0, "a"), InvalidArgument),
+    (lambda p: p.release(True, "a"), InvalidArgument),
+    (lambda p: p.release(0, ["unhashable"]), InvalidArgument),
+    (lambda p: p.take(["unhashable"]), InvalidArgument),
     (lambda p: p.share_many("a", [0]), GuardViolation),
     (lambda p: p.publish_many("b", [0]), GuardViolation),
     (lambda p: p.begin_write_many("a", [0], 1), GuardViolation),
