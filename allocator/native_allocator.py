@@ -690,7 +690,7 @@ class NativeAllocator(RequestBook):
             blocks += T[req.row, first:full].tolist()
             holders += [int(R[R_HOLDER, req.row])] * (full - first)
             digests += req.hashes[first:full]
-        slots = np.array(pool._hash_slots(digests), np.int64)
+        slots = np.array(pool._chain_slots(digests), np.int64)  # (chain_digests' own)
         n = len(blocks)
         bs = np.array(blocks, np.int64)
         failed, orphaned = self._steps.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X,

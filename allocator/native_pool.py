@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
-import operator
 import os
 import sys
 import tempfile
@@ -322,17 +321,11 @@ class NativePool:
 
     def _hash_slots(self, digests: Sequence[int]) -> list[int]:
         """``_hash_slot`` of each digest, all or none interned: where all are plain ints in
-        range, one dict read per digest and the new ones interned together (else one
-        ``_hash_slot`` call each, which names the first bad one)."""
-        if set(map(type, digests)) <= _INT_ONLY:  # (a float equal to a digest is refused)
-            slots = list(map(self._hslot.get, digests))
-            if None not in slots:
-                return slots  # type: ignore[return-value]
-            new = list(dict.fromkeys(itertools.compress(
-                digests, map(operator.is_, slots, itertools.repeat(None)))))
-            if min(new) > NO_HASH and max(new) <= MAX_HASH:
-                self._intern_new(new)
-                return list(map(self._hslot.__getitem__, digests))
+        range, ``_chain_slots`` (else one ``_hash_slot`` call each, which names the first bad
+        one)."""
+        if set(map(type, digests)) <= _INT_ONLY and (  # (a float equal to a digest is refused)
+                not digests or min(digests) > NO_HASH and max(digests) <= MAX_HASH):
+            return self._chain_slots(digests)
         out: list[int] = []
         try:
             for h in digests:
@@ -343,6 +336,16 @@ class NativePool:
             raise
         return out
 
+    def _chain_slots(self, digests: Sequence[int]) -> list[int]:
+        """The slots of digests known to be ints in ``(NO_HASH, MAX_HASH]`` (checked, or
+        ``hashing.chain_digests``' own): one dict read each, the new ones interned together."""
+        slots = list(map(self._hslot.get, digests))
+        if None in slots:
+            self._intern_new(list(dict.fromkeys(
+                [h for h, slot in zip(digests, slots, strict=True) if slot is None])))
+            slots = list(map(self._hslot.__getitem__, digests))
+        return slots  # type: ignore[return-value]
+
     def _intern_new(self, digests: list[int]) -> None:
         """Slots for these distinct digests, none interned yet."""
         free = self._free_hslots
@@ -352,9 +355,12 @@ class NativePool:
         got = free[-len(digests):]
         del free[-len(digests):]
         self._hslot.update(zip(digests, got, strict=True))
-        _consume(map(self.G.__setitem__, got, range(self._stamp + 1, self._stamp + 1 + len(got))))
-        self._stamp += len(got)
-        _consume(map(self._digest.__setitem__, got, digests))
+        G, slot_digest, stamp = self.G, self._digest, self._stamp
+        for slot, h in zip(got, digests, strict=True):  # (cheaper than C maps for a few)
+            stamp += 1
+            G[slot] = stamp
+            slot_digest[slot] = h
+        self._stamp = stamp
 
     def _grow_hash_slots(self) -> None:
         """Twice the hash slots (the new ones free)."""
@@ -375,10 +381,11 @@ class NativePool:
 
     def _forget_hashes(self, slots: list[int]) -> None:
         """The digests of these distinct interned slots, none naming a block now (an
-        eviction's: each evicted block's own hash), go, in C loops."""
-        slot_digest = self._digest
-        _consume(map(self._hslot.__delitem__, map(slot_digest.__getitem__, slots)))
-        _consume(map(slot_digest.__setitem__, slots, itertools.repeat(NO_HASH)))
+        eviction's: each evicted block's own hash), go."""
+        slot_digest, hslot = self._digest, self._hslot
+        for slot in slots:
+            del hslot[slot_digest[slot]]
+            slot_digest[slot] = NO_HASH
         self._free_hslots += slots
 
     def _release_hash(self, slot: int) -> None:
