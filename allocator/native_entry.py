@@ -43,6 +43,7 @@ class PoolLoops:
         self.share_many = entry(mod.share_many, *POOL, I64, ANY_VEC, I64)
         self.end_write_many = entry(mod.end_write_many, *POOL, ANY_VEC, I64)
         self.first_failing = entry(mod.first_failing, *POOL, ANY_VEC, I64)
+        self.registered_prefix = entry(mod.registered_prefix, VEC, VEC, I64, VEC)
         # run_<name>(B, M, H, K, X, P, n): P's rows are the transition's parameters
         self.run = {name: entry(getattr(mod, f"run_{name}"), *POOL, MAT, I64)
                     for name in NATIVE}

@@ -260,3 +260,15 @@ def recycle_where(B, M, H, K, X, blocks, n):
     """Recycle each of ``blocks[:n]`` that can be now (the watermark's drain)."""
     for i in range(n):
         _recycle_if_safe(B, M, H, K, X, blocks[i])
+
+
+@njit(cache=True)
+def registered_prefix(X, slots, n, out):
+    """Into ``out``, the block each hash slot of ``slots[:n]`` names, up to the first that
+    names none (a prefix hit stops at the first miss); returns how many."""
+    for i in range(n):
+        b = X[slots[i]]
+        if b == NO_BLOCK:
+            return i
+        out[i] = b
+    return n

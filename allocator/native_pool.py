@@ -782,19 +782,23 @@ class NativePool:
     def lookup_many(self, hashes: Sequence[int]) -> np.ndarray:
         """The block registered under each hash (``NO_BLOCK``, -1, where none), as an int64
         array: one dict read per hash and one vectorized read of the hash map."""
-        get = self._hslot.get
+        return self.X[self._slots_of(hashes)]
+
+    def _slots_of(self, hashes: Sequence[int]) -> np.ndarray:
+        """The hash slot of each digest (slot 0, naming no block, where it is not interned)."""
         try:
-            slots = np.fromiter(map(get, hashes, itertools.repeat(0)), np.int64, len(hashes))
+            return np.fromiter(map(self._hslot.get, hashes, itertools.repeat(0)), _INT64,
+                               len(hashes))
         except TypeError:
             raise InvalidArgument("hashes must be a sequence of hashable digests") from None
-        return self.X[slots]
 
     def prefix_hits(self, hashes: Sequence[int]) -> np.ndarray:
         """The blocks of the leading hashes that are registered, up to the first that is not
         (what an admission shares: a prefix hit stops at the first miss)."""
-        blocks = self.lookup_many(hashes)
-        misses = np.flatnonzero(blocks < 0)
-        return blocks[:misses[0]] if misses.size else blocks
+        slots = self._slots_of(hashes)
+        n = len(slots)
+        out = np.empty(n, _INT64)
+        return out[:self._loops.registered_prefix(self.X, slots, n, out)]
 
     def usable(self) -> int:
         M = self.M
