@@ -427,7 +427,9 @@ class NativeAllocator(RequestBook):
         """``RequestBook._hits``: the spec's ``leading_hits``, resumed past the hits the
         request's last lookup found while each is current (``prefix_current``: its digest
         still interned since and registered to the same block, so looking it up again finds
-        the same). A waiting request is looked up every step, its prefix rarely changed."""
+        the same). A waiting request is looked up every step, its prefix rarely changed. The
+        entries the spec's ``hit_limit`` allows are looked up in one batch: the hash slots,
+        then the leading registered blocks natively (``NativePool.prefix_hits``' loop)."""
         if not self.prefix_caching:
             return []
         pool, counts = self.pool, (len(req.hashes), len(req.tokens))
@@ -435,15 +437,21 @@ class NativeAllocator(RequestBook):
         if memo is not None and not (memo.counts == counts and self._steps.prefix_current(
                 pool.X, pool.G, memo.slots, memo.stamps, memo.blocks, len(memo.hits))):
             memo = None
-        found: list[int] = []
-        more = self.spec.leading_hits(req.hashes, counts[1], self.block_size,
-                                      pool.recording_lookup(found), len(memo.hits) if memo else 0)
-        if not more:
+        start = len(memo.hits) if memo else 0
+        limit = self.spec.hit_limit(counts[0], counts[1], self.block_size, start)
+        k = 0
+        if limit > start:
+            slots = pool._slots_of(req.hashes[start:limit])
+            found = np.empty(limit - start, np.int64)
+            k = pool._loops.registered_prefix(pool.X, slots, limit - start, found)
+        if not k:
             req.hit_memo = memo
             return list(memo.hits) if memo else []
+        more = found[:k].tolist()
         if memo:
-            found, more = memo.slots.tolist() + found, memo.hits + more
-        slots = np.array(found, np.int64)
+            slots, more = np.concatenate((memo.slots, slots[:k])), memo.hits + more
+        else:
+            slots = slots[:k]
         req.hit_memo = _HitMemo(counts, slots, pool.G[slots], np.array(more, np.int64), more)
         return list(more)
 

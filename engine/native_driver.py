@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 from pagedkv.allocator.native_allocator import NativeAllocator
+from pagedkv.allocator.native_entry import ANY_VEC, I64, MAT, VEC, entry
 from pagedkv.allocator.native_steps import R_KNOWN, R_RESERVED
 from pagedkv.spec import ALLOCATED, PUBLISHED, REFERENCED
 
@@ -105,6 +106,7 @@ class NativeDriver:
         self._last = _NO_BATCH
         self._computed = np.zeros(self.alloc.R.shape[1], np.int64)
         self._one = np.zeros((3, 1), np.int64)  # one request's row, base and count
+        self._check_commits = entry(check_commits, MAT, ANY_VEC, ANY_VEC, VEC, I64, VEC)
         self._stats = AdmissionStats()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -204,7 +206,8 @@ class NativeDriver:
         one, alloc = self._one, self.alloc
         with alloc._lock:
             one[0, 0], one[1, 0] = row, num_computed_tokens
-            bad, advances = check_commits(alloc.R, one[0], one[1], self._computed, 1, one[2])
+            bad, advances = self._check_commits(alloc.R, one[0], one[1], self._computed, 1,
+                                                one[2])
             if bad >= 0:
                 self._refuse_commit(rid, num_computed_tokens, row)
             if advances:
@@ -320,14 +323,18 @@ class NativeDriver:
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
             news_a = np.array(news, np.int64)
             advancing = np.empty(len(rows), np.int64)
-            bad, k = check_commits(alloc.R, rows_a, news_a, self._computed, len(rows),
+            bad, k = self._check_commits(alloc.R, rows_a, news_a, self._computed, len(rows),
                                    advancing)
             if bad >= 0:
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
             launched = self._launched
-            for i in advancing[:k].tolist():
-                if rids[i] not in launched:  # (the first runs the step's launch: all are in)
-                    self._launch_for(rids[i])
+            ahead = advancing[:k].tolist()
+            if ahead and rids[ahead[0]] not in launched:
+                self._launch_for(rids[ahead[0]])  # the step's launch: all are in it, usually
+            if not launched.issuperset(map(rids.__getitem__, ahead)):
+                for i in ahead:
+                    if rids[i] not in launched:
+                        self._launch_for(rids[i])
             self._computed[rows_a] = news_a
 
     def _launch_for(self, rid: Hashable) -> None:

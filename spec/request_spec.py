@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import requests
-from .requests import REQUEST_TRANSITIONS, RequestTransition, leading_hits
+from .requests import REQUEST_TRANSITIONS, RequestTransition, hit_limit, leading_hits
 from .transitions import TRANSITIONS, Transition
 
 RULES = ("may_hit", "commit_bounds", "slots_written")
@@ -47,6 +47,10 @@ class RequestSpec:
                      lookup: Callable[[int], Any | None], start: int = 0) -> list[Any]:
         """``spec.requests.leading_hits`` with this spec's ``may_hit``."""
         return leading_hits(chain, known, B, lookup, start, self.may_hit)
+
+    def hit_limit(self, entries: int, known: int, B: int, start: int = 0) -> int:
+        """``spec.requests.hit_limit`` with this spec's ``may_hit``."""
+        return hit_limit(entries, known, B, start, self.may_hit)
 
 
 def _transitions_over(spec: RequestSpec) -> Mapping[str, RequestTransition]:

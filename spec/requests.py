@@ -175,19 +175,28 @@ def leading_hits(chain: Sequence[int], known: int, B: int,
     (``rule``: ``may_hit`` unless a ``RequestSpec`` passes its own, on ``known`` token ids)
     and is found. ``chain``: the request's chain values of its full blocks.
     ``spec.calls.take_hits`` takes these blocks on an empty table."""
-    known_pos = divmod(known, B)
-    # may_hit holds for a prefix of the entries (its bound grows with i): find where it ends
-    # from the top, where at most the last full block is not a hit.
-    limit = len(chain)
-    while limit > start and not rule(CONCRETE, limit - 1, known_pos):
-        limit -= 1
     out: list[Any] = []
-    for i in range(start, limit):
+    for i in range(start, hit_limit(len(chain), known, B, start, rule)):
         found = lookup(chain[i])
         if found is None:
             break
         out.append(found)
     return out
+
+
+def hit_limit(entries: int, known: int, B: int, start: int = 0,
+              rule: Callable[..., Any] = may_hit) -> int:
+    """Concrete: where the entries from ``start`` on that may be hits end (``rule`` on
+    ``known`` token ids; ``entries``: the chain's length). ``leading_hits`` looks up entries
+    ``start .. hit_limit - 1`` in order, up to the first not found; a runtime may look them up
+    in one batch, the same way."""
+    known_pos = divmod(known, B)
+    # may_hit holds for a prefix of the entries (its bound grows with i): find where it ends
+    # from the top, where at most the last full block is not a hit.
+    limit = entries
+    while limit > start and not rule(CONCRETE, limit - 1, known_pos):
+        limit -= 1
+    return limit
 
 
 # --- composing pool transitions ---------------------------------------------------------------

@@ -105,7 +105,7 @@ def test_spec_evaluates_on_z3_terms():
 # that always runs), not a term.
 _CONCRETE_HELPERS = {"count", "table_of", "request_state", "tables", "summary",
                      "initial_request_state", "request_step", "run_steps", "_passthrough",
-                     "leading_hits"}
+                     "leading_hits", "hit_limit"}
 
 
 def _request_functions():
