@@ -19,6 +19,7 @@ launch: ``Launch.complete()``), ``attach_pool``. Needs numba (``pagedkv[native]`
 
 from __future__ import annotations
 
+import itertools
 import operator
 import threading
 from collections import OrderedDict
@@ -157,7 +158,7 @@ class NativeAllocator(RequestBook):
         mod.prefix_current(arrays[4], arrays[4], none, none, none, 0)
         tr = self._rows
         mod.put_grown(arrays[0], arrays[5], arrays[6], none, none, 0, tr.blocks, tr.gens,
-                      tr.lengths)
+                      tr.lengths, none)
         mod.copy_rows(tr.blocks, tr.gens, none, 0, *(np.empty((0, 1), np.int32),) * 2)
         mod.count_takeable(*arrays[:5], none, 0)
         pool = arrays[:5]  # and the pool's own loops the calls use
@@ -345,18 +346,15 @@ class NativeAllocator(RequestBook):
 
     def _entries_of_rows(self, rows: np.ndarray, grown: np.ndarray, n: int) -> list[list[int]]:
         """The entries each of ``rows[:n]`` just added (``grown[i]`` of them), as lists."""
-        out: list[list[int]] = [[] for _ in range(n)]
         if n == 1 and not grown[0]:  # a decode step's growth within its table
-            return out
-        T, tlen, tr = self.T, self.R[R_TLEN], self._rows
-        if self._steps.put_grown(self.pool.B, self.R, T, rows, grown, n, tr.blocks, tr.gens,
-                              tr.lengths) >= 0:  # pragma: no cover - rows grow by appends
+            return [[]]
+        tr, E = self._rows, self._S[0]  # (the growth loop's scratch, read by now)
+        bad, total = self._steps.put_grown(self.pool.B, self.R, self.T, rows, grown, n,
+                                           tr.blocks, tr.gens, tr.lengths, E)
+        if bad >= 0:  # pragma: no cover - rows grow by appends
             raise AssertionError("a table grew other than at its end")
-        for i in np.flatnonzero(grown[:n]).tolist():
-            row = int(rows[i])
-            end = int(tlen[row])
-            out[i] = T[row, end - int(grown[i]):end].tolist()
-        return out
+        entries = iter(E[:total].tolist())
+        return [list(itertools.islice(entries, g)) if g else [] for g in grown[:n].tolist()]
 
     def grow_running(self, rows: np.ndarray, bases: np.ndarray, counts: np.ndarray,
                      rids: Sequence[Hashable]) -> list[list[int]]:

@@ -365,11 +365,13 @@ def complete_and_commit(B, M, H, K, X, R, T, written, nw, L, rows, n, news, fill
 
 
 @njit(cache=True)
-def put_grown(B, R, T, rows, grown, n, TB, TG, TL):
+def put_grown(B, R, T, rows, grown, n, TB, TG, TL, E):
     """The entries each of ``rows[:n]`` just added (``grown[i]`` of them) appended to the
     launches' int32 rows (``TableRows``: blocks ``TB``, generations ``TG``, lengths ``TL``),
-    as ``TableRows.put`` appends. Returns the index of a row whose copy is not at the
-    table's previous end (the caller puts that one), or -1."""
+    as ``TableRows.put`` appends, and to ``E``, one after another (row by row). Returns (the
+    index of a row whose copy is not at the table's previous end, for the caller to put, or
+    -1; the entries written to ``E``)."""
+    k = 0
     for i in range(n):
         g = grown[i]
         if g == 0:
@@ -377,13 +379,15 @@ def put_grown(B, R, T, rows, grown, n, TB, TG, TL):
         r = rows[i]
         end = R[R_TLEN, r]
         if TL[r] != end - g:
-            return i
+            return i, k
         for j in range(end - g, end):
             b = T[r, j]
             TB[r, j] = b
             TG[r, j] = B[ROW_GEN, b]
+            E[k] = b
+            k += 1
         TL[r] = end
-    return -1
+    return -1, k
 
 
 @njit(cache=True)
