@@ -153,6 +153,7 @@ class NativeAllocator(RequestBook):
         mod.launch_rows(*arrays, none, 0, none, none, none, none)
         mod.commit_scan(*arrays, none, none, 0, F, True)
         mod.commit_blocks(*arrays[:5], none, none, none, 0)
+        mod.filled_entries(arrays[5], arrays[6], none, F, 0, none, none)
         mod.complete_and_commit(*arrays, none, 0, 0, none, 0, none, F)
         mod.count_known(arrays[1], arrays[5], none, 0, none)
         mod.prefix_current(arrays[4], arrays[4], none, none, none, 0)
@@ -605,9 +606,7 @@ class NativeAllocator(RequestBook):
             self._commit_rows(rids, news.tolist(), rows)
         nf = int(nf)
         if self.prefix_caching and nf:
-            requests = self._requests
-            self._cache_filled([(requests[rids[i]], first, full)
-                                for i, first, full in self._filled[:, :nf].T.tolist()])
+            self._cache_filled(rids, rows, self._filled, nf)
 
     @property
     def inflight(self) -> tuple[Launch, ...]:
@@ -652,9 +651,7 @@ class NativeAllocator(RequestBook):
         if status != self.mod.STEP_OK:
             self._raise_commit(rids[i], counts[i], int(rows[i]), status, block)
         if self.prefix_caching and nf:
-            requests = self._requests
-            self._cache_filled([(requests[rids[i]], first, full)
-                                for i, first, full in filled[:, :nf].T.tolist()])
+            self._cache_filled(rids, rows, filled, nf)
 
     def _commit_refusal(self, rids: Sequence[Hashable], counts: list[int],
                         rows: np.ndarray) -> None:
@@ -684,30 +681,29 @@ class NativeAllocator(RequestBook):
                                 "first)")
         raise CommitError(f"block {block} of {rid!r} has a writing launch still pending")
 
-    def _cache_filled(self, filled: list[tuple[_NativeRequest, int, int]]) -> None:
-        """The full blocks the commits completed (per request: entries first .. full - 1)
-        enter the prefix cache (spec: commit), each PUBLISHED one whose hash is not cached
-        yet, request by request in order (one native loop over all of them)."""
-        pool, T, R = self.pool, self.T, self.R
-        blocks: list[int] = []
-        holders: list[int] = []
+    def _cache_filled(self, rids: Sequence[Hashable], rows: np.ndarray, filled: np.ndarray,
+                      nf: int) -> None:
+        """The full blocks the commits completed (``filled[:, :nf]``: per request, its index
+        into ``rids`` / ``rows`` and entries first .. full - 1) enter the prefix cache (spec:
+        commit), each PUBLISHED one whose hash is not cached yet, request by request in order
+        (one native loop over all of them)."""
+        pool, requests = self.pool, self._requests
         digests: list[int] = []
-        for req, first, full in filled:
-            blocks += T[req.row, first:full].tolist()
-            holders += [int(R[R_HOLDER, req.row])] * (full - first)
-            digests += req.hashes[first:full]
+        for i, first, full in filled[:, :nf].T.tolist():
+            digests += requests[rids[i]].hashes[first:full]
+        n = len(digests)
+        bs, holders = np.empty(n, np.int64), np.empty(n, np.int64)
+        self._steps.filled_entries(self.R, self.T, rows, filled, nf, bs, holders)
         slots = np.array(pool._chain_slots(digests), np.int64)  # (chain_digests' own)
-        n = len(blocks)
-        bs = np.array(blocks, np.int64)
         failed, orphaned = self._steps.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X,
-                                                     bs, np.array(holders, np.int64), slots, n)
+                                                     bs, holders, slots, n)
         if orphaned:
             pool._release_hashes(slots)  # the digest of a block not committed goes
         if pool.checked:
             pool._check_touched("commit", bs, n if failed < 0 else failed)
         if failed >= 0:
             holder = next(r for r, slot in pool._slot.items() if slot == holders[failed])
-            pool._refuse("commit", b=blocks[failed], r=holder, h=digests[failed])
+            pool._refuse("commit", b=int(bs[failed]), r=holder, h=digests[failed])
 
     # ---- frees ----------------------------------------------------------------------------------
     @_locked

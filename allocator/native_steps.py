@@ -310,6 +310,22 @@ def commit_blocks(B, M, H, K, X, blocks, holders, hslots, n):
 
 
 @njit(cache=True)
+def filled_entries(R, T, rows, filled, nf, blocks, holders):
+    """The entries ``commit_scan`` reported filled (``filled[:, :nf]``: index into ``rows``,
+    first entry, end entry), request by request, into ``blocks``, with each one's holder
+    slot into ``holders``. Returns how many."""
+    k = 0
+    for f in range(nf):
+        r = rows[filled[0, f]]
+        h = R[R_HOLDER, r]
+        for j in range(filled[1, f], filled[2, f]):
+            blocks[k] = T[r, j]
+            holders[k] = h
+            k += 1
+    return k
+
+
+@njit(cache=True)
 def prefix_current(X, G, slots, stamps, blocks, n):
     """Whether each hash slot ``slots[i]`` (i < n) still holds the interning stamped
     ``stamps[i]`` and names block ``blocks[i]``: a request's leading hits found earlier,
