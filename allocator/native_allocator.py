@@ -427,8 +427,8 @@ class NativeAllocator(RequestBook):
         request's last lookup found while each is current (``prefix_current``: its digest
         still interned since and registered to the same block, so looking it up again finds
         the same). A waiting request is looked up every step, its prefix rarely changed. The
-        entries the spec's ``hit_limit`` allows are looked up in one batch: the hash slots,
-        then the leading registered blocks natively (``NativePool.prefix_hits``' loop)."""
+        entries the spec's ``hit_limit`` allows are looked up in one batch
+        (``NativePool.prefix_hits``)."""
         if not self.prefix_caching:
             return []
         pool, counts = self.pool, (len(req.hashes), len(req.tokens))
@@ -438,19 +438,13 @@ class NativeAllocator(RequestBook):
             memo = None
         start = len(memo.hits) if memo else 0
         limit = self.spec.hit_limit(counts[0], counts[1], self.block_size, start)
-        k = 0
-        if limit > start:
-            slots = pool._slots_of(req.hashes[start:limit])
-            found = np.empty(limit - start, np.int64)
-            k = pool._loops.registered_prefix(pool.X, slots, limit - start, found)
-        if not k:
+        found, slots = pool._leading(req.hashes[start:limit])
+        if not len(found):
             req.hit_memo = memo
             return list(memo.hits) if memo else []
-        more = found[:k].tolist()
+        more = found.tolist()
         if memo:
-            slots, more = np.concatenate((memo.slots, slots[:k])), memo.hits + more
-        else:
-            slots = slots[:k]
+            slots, more = np.concatenate((memo.slots, slots)), memo.hits + more
         req.hit_memo = _HitMemo(counts, slots, pool.G[slots], np.array(more, np.int64), more)
         return list(more)
 

@@ -72,6 +72,8 @@ from .table import MAX_COUNT, check_block_size, check_count, check_int
 ROW, CLOCK0, COUNT0 = ns.ROW, ns.CLOCK0, ns.COUNT0
 UNKNOWN_HOLDER = 0  # the slot of every id that is not an open holder: never alive
 _INT64 = np.dtype(np.int64)
+_NONE = np.empty(0, _INT64)
+_NONE.flags.writeable = False
 
 
 def _consume(it: Iterator[object]) -> None:
@@ -795,10 +797,22 @@ class NativePool:
     def prefix_hits(self, hashes: Sequence[int]) -> np.ndarray:
         """The blocks of the leading hashes that are registered, up to the first that is not
         (what an admission shares: a prefix hit stops at the first miss)."""
+        return self._leading(hashes)[0]
+
+    def _leading(self, hashes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``prefix_hits``, and the hash slots of the blocks found. The first digest is read
+        alone: where it misses (a request sharing no prefix), none of the rest is."""
+        try:
+            first = self._hslot.get(hashes[0], 0) if len(hashes) else 0
+        except TypeError:
+            raise InvalidArgument("hashes must be a sequence of hashable digests") from None
+        if self.X[first] == NO_BLOCK:
+            return _NONE, _NONE
         slots = self._slots_of(hashes)
         n = len(slots)
         out = np.empty(n, _INT64)
-        return out[:self._loops.registered_prefix(self.X, slots, n, out)]
+        k = self._loops.registered_prefix(self.X, slots, n, out)
+        return out[:k], slots[:k]
 
     def usable(self) -> int:
         M = self.M
