@@ -50,7 +50,6 @@ from .errors import (
 )
 from .hashing import normalize_extra_keys
 from .launch import Launch, LaunchAlreadyCompleted
-from .native_entry import step_loops
 from .native_pool import ROW, NativePool, _consume, native_module
 from .native_steps import (  # the row layout the generated module was pasted with
     R_COMPUTED,
@@ -138,6 +137,8 @@ class NativeAllocator(RequestBook):
         self._S = np.empty((3, 2 * self.num_blocks + 2), np.int64)  # never fills: see grow
         self._filled = np.empty((3, rows), np.int64)
         self._load_loops()
+        from .native_entry import step_loops  # (numba's: imported once the module is)
+
         self._steps = step_loops(self.mod)
 
     def _load_loops(self) -> None:

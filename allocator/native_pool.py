@@ -57,7 +57,6 @@ from .allocator import _ordered
 from .compiled import _PROBE_BY_KIND, _effect_probe_pools, _probe_pools, _Unsupported
 from .errors import AllocatorError, GuardViolation, InvalidArgument, InvariantViolation
 from .hashing import _INT_ONLY
-from .native_entry import pool_loops
 from .pool import (
     _GUARD_ERRORS,
     MAX_BLOCKS,
@@ -274,6 +273,8 @@ class NativePool:
         self._one = np.empty((1, 1), np.int64)
         self._one_block = np.empty(1, np.int64)  # take's output, release's input
         self._keys_bound, self._keys_half = 0, len(self.K) // 2
+        from .native_entry import pool_loops  # (numba's: imported once the module is)
+
         loops = self._loops = pool_loops(self.mod)
         self._take_many, self._release_many = loops.take_many, loops.release_many
         self._runs = loops.run

@@ -549,3 +549,30 @@ def test_block_arrays_of_any_layout_and_integer_dtype_name_the_same_blocks(as_bl
     assert nat.lookup_many([11, 13, 15]).tolist() == [1, 3, 5]
     nat.release_many("b", as_blocks([5, 1]))
     assert 1 in nat.queue_order() and 5 not in nat.queue_order()  # 1 cached, 5 still held
+
+
+def test_without_numba_the_native_modules_import_and_say_what_is_missing():
+    """numba is an optional dependency (``pagedkv[native]``): the native modules import
+    without it (``pagedkv verify`` reports the native check as skipped) and a pool or an
+    allocator says what to install."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+class NoNumba:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "numba":
+            raise ImportError("numba hidden")
+sys.meta_path.insert(0, NoNumba())
+from pagedkv.allocator.native_allocator import NativeAllocator
+from pagedkv.allocator.native_pool import NativePool, NativeUnavailable
+for make in (lambda: NativePool(4, 4), lambda: NativeAllocator(4, 4)):
+    try:
+        make()
+    except NativeUnavailable as exc:
+        print(exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.count("pip install pagedkv[native]") == 2
