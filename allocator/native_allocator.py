@@ -136,6 +136,8 @@ class NativeAllocator(RequestBook):
         self.T = np.full((rows, 16), -1, np.int64)
         self._S = np.empty((3, 2 * self.num_blocks + 2), np.int64)  # never fills: see grow
         self._filled = np.empty((3, rows), np.int64)
+        # a fused launch's slot mapping, starts, lengths, writes and commit counts (unchecked)
+        self._fused = [np.empty(64, np.int64) for _ in range(5)]
         self._load_loops()
         from .native_entry import step_loops  # (numba's: imported once the module is)
 
@@ -156,6 +158,7 @@ class NativeAllocator(RequestBook):
         mod.commit_blocks(*arrays[:5], none, none, none, 0)
         mod.filled_entries(arrays[5], arrays[6], none, F, 0, none, none)
         mod.complete_and_commit(*arrays, none, 0, 0, none, 0, none, F)
+        mod.launch_complete_commit(*arrays, none, 0, none, none, none, none, none, F)
         mod.count_known(arrays[1], arrays[5], none, 0, none)
         mod.prefix_current(arrays[4], arrays[4], none, none, none, 0)
         tr = self._rows
@@ -498,20 +501,31 @@ class NativeAllocator(RequestBook):
         the launch numbered, its writes begun (checked, refusals raised). Returns (launch
         number, blocks written, slot mapping, per request the positions issued before and
         after, the longest table)."""
-        n, mod, pool = len(rids), self.mod, self.pool
+        n, pool = len(rids), self.pool
         i, status, npos, nblocks, longest = self._steps.launch_plan(*self._arrays, rows, n)
-        if status == mod.STEP_NOTHING_ALLOCATED:
-            raise InvalidArgument(f"request {rids[i]!r} has no allocated positions")
-        if status != mod.STEP_OK:
-            raise InvalidArgument(f"request {rids[i]!r} writes a shared partial block: "
-                                  "only BlockAllocator copies on write")
+        if status != self.mod.STEP_OK:
+            self._refuse_plan(rids[i], status)
         pool._room_for_launch()
         slots = np.empty(npos, np.int64)
         starts = np.empty(n, np.int64)
         lens = np.empty(n, np.int64)
         written = np.empty(nblocks, np.int64)
-        stage, i, refused, w, L, nw = self._steps.launch_rows(*self._arrays, rows, n, slots,
-                                                              starts, lens, written)
+        issued = self._steps.launch_rows(*self._arrays, rows, n, slots, starts, lens, written)
+        self._after_issue(rids, written, issued)
+        return issued[4], written, slots, starts, lens, longest
+
+    def _refuse_plan(self, rid: Hashable, status: int) -> None:
+        """``launch_plan``'s refusal of request ``rid``, raised."""
+        if status == self.mod.STEP_NOTHING_ALLOCATED:
+            raise InvalidArgument(f"request {rid!r} has no allocated positions")
+        raise InvalidArgument(f"request {rid!r} writes a shared partial block: only "
+                              "BlockAllocator copies on write")
+
+    def _after_issue(self, rids: Sequence[Hashable], written: np.ndarray,
+                     issued: tuple[int, int, int, int, int, int]) -> None:
+        """``launch_rows``' results (``issued``): checked mode's checks, a refusal raised."""
+        stage, i, refused, w, L, nw = issued
+        pool = self.pool
         if self.checked and nw:
             pool._check_touched("begin_write", written, nw)
         if stage == 1:
@@ -521,7 +535,6 @@ class NativeAllocator(RequestBook):
         pool._check_clock("launch", L)
         if stage == 3:
             pool._refuse("begin_write", b=refused, r=rids[i], w=w)
-        return L, written, slots, starts, lens, longest
 
     def _tables(self, rows: np.ndarray, longest: int) -> tuple[np.ndarray, np.ndarray]:
         """The launch's block tables and generations from the launch rows (``TableRows``):
@@ -585,16 +598,23 @@ class NativeAllocator(RequestBook):
         known, in one native loop: ``publish``, ``launch.complete()``, then ``commit_many``
         of ``min(reserved, known)`` each (a front door's commit at completion). Nobody reads
         its tables, so no ``Launch`` is made unless its completion is refused (then it stays
-        in flight, as after a refused ``complete()``). Under the caller's lock."""
-        issued = self._issue(rids, rows)
-        L, written, n = issued[0], issued[1], len(rows)
+        in flight, as after a refused ``complete()``). Under the caller's lock. Unchecked, in
+        one native call (``launch_complete_commit``) on kept scratch vectors; checked, in
+        two, its checks between them."""
+        n = len(rows)
         if self._filled.shape[1] < n:
             self._filled = np.empty((3, 2 * n), np.int64)
-        news = np.empty(n, np.int64)
-        failed, refused, advanced, i, status, _, nf = self._steps.complete_and_commit(
-            *self._arrays, written, len(written), L, rows, n, news, self._filled)
+        if self.checked:
+            issue = self._issue(rids, rows)
+            L, written, issued = issue[0], issue[1], lambda: issue
+            news = np.empty(n, np.int64)
+            failed, refused, advanced, i, status, _, nf = self._steps.complete_and_commit(
+                *self._arrays, written, len(written), L, rows, n, news, self._filled)
+        else:
+            L, written, issued, news, (failed, refused, advanced, i, status, _, nf) = \
+                self._launch_complete(rids, rows)
         if failed >= 0 or refused:
-            self._launch_of(rids, rows, *issued)
+            self._launch_of(rids, rows, *issued())
         self._check_completion(L, written, failed, refused)
         self._after_advance(advanced)
         if status != self.mod.STEP_OK:  # the commits are refused (none made): say why
@@ -602,6 +622,33 @@ class NativeAllocator(RequestBook):
         nf = int(nf)
         if self.prefix_caching and nf:
             self._cache_filled(rids, rows, self._filled, nf)
+
+    def _launch_complete(self, rids: tuple[Hashable, ...], rows: np.ndarray) -> tuple[Any, ...]:
+        """``_issue`` then ``complete_and_commit`` in one native call (unchecked mode): (the
+        launch number, its writes, a function of no arguments returning ``_issue``'s results,
+        the commits' counts, ``complete_and_commit``'s results)."""
+        n = len(rows)
+        while True:
+            slots, starts, lens, written, news = bufs = self._fused
+            if len(starts) < n:
+                self._fused = [slots, *(np.empty(2 * n, np.int64) for _ in range(4))]
+                continue
+            stop, plan, issue, done = self._steps.launch_complete_commit(
+                *self._arrays, rows, n, slots, starts, lens, written, news, self._filled)
+            if stop == self.mod.FUSED_SCRATCH:  # (nothing changed: again, on wider ones)
+                bufs[0] = np.empty(2 * max(plan[2], len(slots)), np.int64)
+                bufs[3] = np.empty(2 * max(plan[3], len(written)), np.int64)
+                continue
+            if stop == self.mod.FUSED_LAUNCH_ROOM:
+                self.pool._room_for_launch()
+                continue
+            break
+        if stop == self.mod.FUSED_PLAN:
+            self._refuse_plan(rids[plan[0]], plan[1])
+        self._after_issue(rids, written, issue)  # (FUSED_ISSUE: its refusal)
+        npos, longest, L, ws = plan[2], plan[4], issue[4], written[:issue[5]]
+        return L, ws, lambda: (L, ws.copy(), slots[:npos].copy(), starts[:n].copy(),
+                               lens[:n].copy(), longest), news[:n], done
 
     @property
     def inflight(self) -> tuple[Launch, ...]:

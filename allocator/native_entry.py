@@ -72,6 +72,8 @@ class StepLoops:
         self.launch_rows = entry(mod.launch_rows, *STEP, ANY_VEC, I64, VEC, VEC, VEC, VEC)
         self.complete_and_commit = entry(mod.complete_and_commit, *STEP, VEC, I64, I64,
                                          ANY_VEC, I64, VEC, MAT)
+        self.launch_complete_commit = entry(mod.launch_complete_commit, *STEP, ANY_VEC, I64,
+                                            VEC, VEC, VEC, VEC, VEC, MAT)
         self.count_known = entry(mod.count_known, VEC, MAT, ANY_VEC, I64, VEC)
         self.put_grown = entry(mod.put_grown, MAT, MAT, MAT, ANY_VEC, VEC, I64, I32_MAT,
                                I32_MAT, VEC, VEC)

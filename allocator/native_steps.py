@@ -309,6 +309,37 @@ def commit_blocks(B, M, H, K, X, blocks, holders, hslots, n):
     return -1, False
 
 
+(FUSED_DONE, FUSED_PLAN, FUSED_SCRATCH, FUSED_LAUNCH_ROOM, FUSED_ISSUE) = range(5)
+
+
+@njit(cache=True)
+def launch_complete_commit(B, M, H, K, X, R, T, rows, n, slots, starts, lens, written, news,
+                           filled):
+    """``launch_plan``, ``launch_rows`` and ``complete_and_commit`` in one call: a launch
+    that completes at once (a driver's step that already ran). Stops before changing
+    anything where the plan refuses (``FUSED_PLAN``), where ``slots`` or ``written`` are too
+    short for it (``FUSED_SCRATCH``) or the launch set needs room first (the pool's
+    ``_room_for_launch`` test: ``FUSED_LAUNCH_ROOM``); after ``launch_rows`` where it
+    refuses (``FUSED_ISSUE``). Returns (the stop, then ``launch_plan``'s five results,
+    ``launch_rows``' six and ``complete_and_commit``'s seven, each run or zeros)."""
+    i, status, npos, nblocks, longest = launch_plan(B, M, H, K, X, R, T, rows, n)
+    issue = (0, -1, -1, 0, -1, 0)
+    done = (-1, False, 0, -1, STEP_OK, -1, 0)
+    plan = (i, status, npos, nblocks, longest)
+    if status != STEP_OK:
+        return FUSED_PLAN, plan, issue, done
+    if npos > slots.shape[0] or nblocks > written.shape[0]:
+        return FUSED_SCRATCH, plan, issue, done
+    if 2 * (M[LAUNCH_USED] + 1) > M.shape[0] - LAUNCHES0:
+        return FUSED_LAUNCH_ROOM, plan, issue, done
+    issue = launch_rows(B, M, H, K, X, R, T, rows, n, slots, starts, lens, written)
+    if issue[0] != 0:
+        return FUSED_ISSUE, plan, issue, done
+    done = complete_and_commit(B, M, H, K, X, R, T, written, issue[5], issue[4], rows, n, news,
+                               filled)
+    return FUSED_DONE, plan, issue, done
+
+
 @njit(cache=True)
 def filled_entries(R, T, rows, filled, nf, blocks, holders):
     """The entries ``commit_scan`` reported filled (``filled[:, :nf]``: index into ``rows``,

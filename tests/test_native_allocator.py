@@ -345,12 +345,22 @@ class _RefusingCompletion:
     def complete_and_commit(self, *args):
         return 0, False, 0, -1, self._ok, -1, 0
 
+    def launch_complete_commit(self, B, M, H, K, X, R, T, rows, n, slots, starts, lens,
+                               written, news, filled):
+        """The fused call (unchecked mode): issued as it issues, its completion refused."""
+        loops = self._loops
+        plan = loops.launch_plan(B, M, H, K, X, R, T, rows, n)
+        issue = loops.launch_rows(B, M, H, K, X, R, T, rows, n, slots, starts, lens, written)
+        return 0, plan, issue, self.complete_and_commit()
 
-def test_a_launch_run_and_completed_at_once_stays_in_flight_if_its_completion_is_refused():
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_launch_run_and_completed_at_once_stays_in_flight_if_its_completion_is_refused(
+        checked):
     """``_launch_and_commit`` (a driver's step that already ran) makes no ``Launch``; one
     whose completion is refused is handed out in ``inflight`` like any other, and completes
-    later."""
-    a = NativeAllocator(16, 4)
+    later (unchecked, from the fused call's scratch vectors: copies of them)."""
+    a = NativeAllocator(16, 4, checked=checked)
     a.add_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     a.allocate("a", 9)
     rows = a._rows_of([a._req("a")])
@@ -358,6 +368,10 @@ def test_a_launch_run_and_completed_at_once_stays_in_flight_if_its_completion_is
     with pytest.raises(GuardViolation, match="end_write"):
         a._launch_and_commit(("a",), rows)
     a._steps = real
+    a.add_request("b", [7] * 9)
+    a.allocate("b", 9)
+    a._launch_and_commit(("b",), a._rows_of([a._req("b")]))  # (the scratch vectors again)
+    assert a.num_computed("b") == 9
     (launch,) = a.inflight
     assert launch.rids == ("a",) and launch.slot_mapping.tolist() == [
         b * 4 + k for b in a.block_table("a") for k in range(4)][:9]
