@@ -71,14 +71,16 @@ _INT64 = np.dtype(np.int64)
 
 
 class _HitMemo(NamedTuple):
-    """A request's last lookup (``NativeAllocator._hits``): its chain and token counts, and
-    per hit the hash slot, the slot's interning stamp and the block."""
+    """A request's last lookup (``NativeAllocator._hits``): its chain and token counts, per
+    hit the hash slot, the slot's interning stamp and the block, and the spec's
+    ``hit_limit`` from the entry after the hits (a pure function of the counts and hits)."""
 
     counts: tuple[int, int]
     slots: np.ndarray
     stamps: np.ndarray
     blocks: np.ndarray
     hits: list[int]
+    limit: int
 
 
 class _NativeRequest:
@@ -437,19 +439,24 @@ class NativeAllocator(RequestBook):
             return []
         pool, counts = self.pool, (len(req.hashes), len(req.tokens))
         memo = req.hit_memo
-        if memo is not None and not (memo.counts == counts and self._steps.prefix_current(
-                pool.X, pool.G, memo.slots, memo.stamps, memo.blocks, len(memo.hits))):
+        if memo is not None and not (memo.counts == counts and (not memo.hits or (
+                self._steps.prefix_current(pool.X, pool.G, memo.slots, memo.stamps,
+                                           memo.blocks, len(memo.hits))))):
             memo = None
-        start = len(memo.hits) if memo else 0
-        limit = self.spec.hit_limit(counts[0], counts[1], self.block_size, start)
+        if memo is None:
+            start, limit = 0, self.spec.hit_limit(counts[0], counts[1], self.block_size)
+        else:
+            start, limit = len(memo.hits), memo.limit
         found, slots = pool._leading(req.hashes[start:limit])
         if not len(found):
-            req.hit_memo = memo
+            req.hit_memo = memo or _HitMemo(counts, slots, slots, slots, [], limit)
             return list(memo.hits) if memo else []
         more = found.tolist()
         if memo:
             slots, more = np.concatenate((memo.slots, slots)), memo.hits + more
-        req.hit_memo = _HitMemo(counts, slots, pool.G[slots], np.array(more, np.int64), more)
+        req.hit_memo = _HitMemo(counts, slots, pool.G[slots], np.array(more, np.int64), more,
+                                self.spec.hit_limit(counts[0], counts[1], self.block_size,
+                                                    len(more)))
         return list(more)
 
     def count_takeable(self, blocks: Sequence[int]) -> int:
