@@ -816,8 +816,8 @@ class NativePool:
         return out[:k], slots[:k]
 
     def usable(self) -> int:
-        M = self.M
-        return int(M[COUNT0 + FREE] + M[COUNT0 + CACHED] - M[ns.CACHED_BUSY])
+        item = self.M.item  # (Python ints: no NumPy scalar arithmetic)
+        return item(COUNT0 + FREE) + item(COUNT0 + CACHED) - item(ns.CACHED_BUSY)
 
     def waiting(self) -> int:
         return int(self.M[COUNT0 + RECLAIMED] + self.M[ns.CACHED_BUSY])
