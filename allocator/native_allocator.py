@@ -146,33 +146,19 @@ class NativeAllocator(RequestBook):
         self._steps = step_loops(self.mod)
 
     def _load_loops(self) -> None:
-        """Each step loop called once on no request, on copies of the arrays, so that numba
-        loads its compiled code now (milliseconds per function, once per process) rather
-        than in a step."""
+        """Each step loop called through numba's dispatcher run once on no request, on copies
+        of the arrays, so that numba loads its compiled code now (milliseconds per function,
+        once per process) rather than in a step; the loops called through entry points
+        (``native_entry``) are loaded by making them."""
         mod, none = self.mod, np.empty(0, np.int64)
         arrays = tuple(a.copy() for a in self._arrays)
         S, F = self._S.copy(), self._filled.copy()
         mod.grow_many(*arrays, none, none, 0, S, none)
-        mod.grow_running(*arrays, none, none, none, 0, S, none, none)
-        mod.launch_plan(*arrays, none, 0)
-        mod.launch_rows(*arrays, none, 0, none, none, none, none)
         mod.commit_scan(*arrays, none, none, 0, F, True)
-        mod.commit_blocks(*arrays[:5], none, none, none, 0)
-        mod.filled_entries(arrays[5], arrays[6], none, F, 0, none, none)
-        mod.complete_and_commit(*arrays, none, 0, 0, none, 0, none, F)
-        mod.launch_complete_commit(*arrays, none, 0, none, none, none, none, none, F)
-        mod.count_known(arrays[1], arrays[5], none, 0, none)
-        mod.prefix_current(arrays[4], arrays[4], none, none, none, 0)
         tr = self._rows
-        mod.put_grown(arrays[0], arrays[5], arrays[6], none, none, 0, tr.blocks, tr.gens,
-                      tr.lengths, none)
         mod.copy_rows(tr.blocks, tr.gens, none, 0, *(np.empty((0, 1), np.int32),) * 2)
         mod.count_takeable(*arrays[:5], none, 0)
-        pool = arrays[:5]  # and the pool's own loops the calls use
-        mod.take_many(*pool, 0, 0, none, S)
-        mod.release_many(*pool, 0, none, 0, S)
-        mod.share_many(*pool, 0, none, 0)
-        mod.recycle_where(*pool, none, 0)
+        mod.recycle_where(*arrays[:5], none, 0)
 
     # ---- rows ------------------------------------------------------------------------------------
     def _new_row(self) -> int:
