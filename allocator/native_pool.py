@@ -27,7 +27,7 @@ import os
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -765,22 +765,11 @@ class NativePool:
     # ---- reads -----------------------------------------------------------------------------------
     def lookup(self, h: int) -> int | None:
         """The block registered under digest h, or None."""
-        return self.recording_lookup([])(h)
-
-    def recording_lookup(self, found: list[int]) -> Callable[[int], int | None]:
-        """``lookup``, appending to ``found`` the hash slot of each digest it finds."""
-        get, X = self._hslot.get, self.X
-
-        def lookup(h: int) -> int | None:
-            slot = get(h)
-            if slot is None:
-                return None
-            b = X.item(slot)  # (a Python int, without a NumPy scalar)
-            if b == NO_BLOCK:
-                return None
-            found.append(slot)
-            return b
-        return lookup
+        slot = self._hslot.get(h)
+        if slot is None:
+            return None
+        b = self.X.item(slot)  # (a Python int, without a NumPy scalar)
+        return None if b == NO_BLOCK else b
 
     def lookup_many(self, hashes: Sequence[int]) -> np.ndarray:
         """The block registered under each hash (``NO_BLOCK``, -1, where none), as an int64
