@@ -20,7 +20,9 @@ I64 = types.int64
 VEC = types.Array(types.int64, 1, "C")  # a contiguous int64 vector (np.empty(n, np.int64))
 ANY_VEC = types.Array(types.int64, 1, "A")  # any int64 vector: a view, reversed, strided
 MAT = types.Array(types.int64, 2, "C")  # a contiguous int64 matrix
+I32_MAT = types.Array(types.int32, 2, "C")  # TableRows' blocks and generations
 POOL = (MAT, VEC, MAT, VEC, VEC)  # NativePool's B, M, H, K, X
+STEP = (*POOL, MAT, MAT)  # NativeAllocator's arrays: the pool's, R and T
 
 
 def entry(loop: Any, *arg_types: Any) -> Callable[..., Any]:
@@ -55,10 +57,6 @@ def pool_loops(mod: Any) -> PoolLoops:
     if loops is None:
         loops = mod._pool_loops = PoolLoops(mod)
     return loops
-
-
-I32_MAT = types.Array(types.int32, 2, "C")
-STEP = (*POOL, MAT, MAT)  # NativeAllocator's arrays: the pool's, R and T
 
 
 class StepLoops:
