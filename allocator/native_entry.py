@@ -46,6 +46,10 @@ class PoolLoops:
         self.end_write_many = entry(mod.end_write_many, *POOL, ANY_VEC, I64)
         self.first_failing = entry(mod.first_failing, *POOL, ANY_VEC, I64)
         self.registered_prefix = entry(mod.registered_prefix, VEC, VEC, I64, VEC)
+        self.cache_many = entry(mod.cache_many, *POOL, I64, ANY_VEC, VEC, I64)
+        # each_<name>(B, M, H, K, X, blocks, n, <the other parameters>): only the block varies
+        self.each_publish = entry(mod.each_publish, *POOL, ANY_VEC, I64, I64)
+        self.each_begin_write = entry(mod.each_begin_write, *POOL, ANY_VEC, I64, I64, I64)
         # run_<name>(B, M, H, K, X, P, n): P's rows are the transition's parameters
         self.run = {name: entry(getattr(mod, f"run_{name}"), *POOL, MAT, I64)
                     for name in NATIVE}

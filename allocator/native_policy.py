@@ -255,6 +255,40 @@ def end_write_many(B, M, H, K, X, blocks, n):
     return n
 
 
+@njit(cache=True, inline="always")
+def cache_if_due(B, M, H, K, X, b, r, h):
+    """The spec's ``commit`` of b for holder r under hash slot h where ``cache_due`` holds
+    (else nothing); False where it was due and its guard refused."""
+    if not g_cache_due(B, M, H, K, X, b, h):
+        return True
+    if not g_commit(B, M, H, K, X, b, r, h):
+        return False
+    e_commit(B, M, H, K, X, b, r, h)
+    return True
+
+
+@njit(cache=True, inline="always")
+def any_unregistered(X, hslots, n):
+    """Whether a hash slot of ``hslots[:n]`` names no block (a digest interned for a commit
+    not made, for the caller to release)."""
+    for i in range(n):
+        if X[hslots[i]] == NO_BLOCK:
+            return True
+    return False
+
+
+@njit(cache=True)
+def cache_many(B, M, H, K, X, r, blocks, hslots, n):
+    """``cache_if_due`` of each of ``blocks[:n]`` under ``hslots[:n]`` in order (a later
+    block whose hash an earlier one just registered is not due), stopping at the first
+    refusal. Returns (the refused index or -1, ``any_unregistered``)."""
+    for i in range(n):
+        b = blocks[i]
+        if b < 0 or b >= B.shape[1] - 1 or not cache_if_due(B, M, H, K, X, b, r, hslots[i]):
+            return i, any_unregistered(X, hslots, n)
+    return -1, any_unregistered(X, hslots, n)
+
+
 @njit(cache=True)
 def recycle_where(B, M, H, K, X, blocks, n):
     """Recycle each of ``blocks[:n]`` that can be now (the watermark's drain)."""

@@ -46,6 +46,7 @@ from pagedkv.spec import (
     WATERMARK,
     PoolState,
     Transition,
+    cache_due,
     takeable,
 )
 from pagedkv.spec.explain import refusal_detail
@@ -681,20 +682,37 @@ class NativePool:
                 args["h"] = self._digest[args["h"]]
             self._refuse(name, **args)
 
+    def _each(self, name: str, loop: Any, bs: np.ndarray, r: Hashable, *rest: int) -> None:
+        """Spec transition ``name`` on each block of ``bs`` in order for holder r, its other
+        parameters ``rest`` the same for every block (``loop``: its ``each_<name>``),
+        stopping at the first refusal (raised; the blocks before it stay applied)."""
+        try:
+            slot = self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            slot = self._holder(r)
+        n = len(bs)
+        done = loop(self.B, self.M, self.H, self.K, self.X, bs, n, slot, *rest)
+        if self.checked:
+            self._check_touched(name, bs, done)
+        if done < n:
+            self._refuse(name, **dict(zip(self.spec[name].params, (int(bs[done]), r, *rest),
+                                          strict=True)))
+
     def publish_many(self, r: Hashable, blocks: object) -> None:
-        self._run("publish", self._ids(blocks), r)
+        self._each("publish", self._loops.each_publish, self._ids(blocks), r)
 
     def begin_write_many(self, r: Hashable, blocks: object, slots: int | object) -> None:
         """A launch through r's table writes ``slots`` slots (one count, or one per block) of
         each block."""
         bs = self._ids(blocks)
         if isinstance(slots, int | np.integer) and not isinstance(slots, bool | np.bool_):
-            ws: Any = check_count(slots, "slots", self.block_size)
-        else:
-            ws = self._ids(slots, "slots")
-            if len(ws) != len(bs):
-                raise InvalidArgument(f"{len(ws)} slot counts for {len(bs)} blocks")
-        self._run("begin_write", bs, r, ws)
+            ws = check_count(slots, "slots", self.block_size)
+            self._each("begin_write", self._loops.each_begin_write, bs, r, ws)
+            return
+        counts = self._ids(slots, "slots")
+        if len(counts) != len(bs):
+            raise InvalidArgument(f"{len(counts)} slot counts for {len(bs)} blocks")
+        self._run("begin_write", bs, r, counts)
 
     def end_write_many(self, blocks: object) -> None:
         """The launch that wrote each block completed; a reclaimed block is recycled if it
@@ -719,6 +737,32 @@ class NativePool:
         except BaseException:
             self._release_hashes(slots)  # the digest of a refused (or unrun) commit goes
             raise
+
+    def cache_many(self, r: Hashable, blocks: object, hashes: Sequence[int]) -> None:
+        """Commit each block under its hash, for holder r, where caching it is due (the
+        spec's ``cache_due``: the block is PUBLISHED and no block is registered under the
+        hash yet; vLLM's ``cache_full_blocks``), in order: a request's full blocks once the
+        launch that wrote them completed, whether or not an earlier request cached the same
+        content. Stops at the first due block whose ``commit`` is refused (raised; the
+        commits before it stay)."""
+        bs = self._ids(blocks)
+        hashes = _ordered(hashes, "hashes")
+        n = len(bs)
+        if len(hashes) != n:
+            raise InvalidArgument(f"cache_many needs one hash per block: {len(hashes)} "
+                                  f"hashes for {n} blocks")
+        slot = self._holder(r)
+        slots = np.array(self._hash_slots(hashes), np.int64)
+        failed, unregistered = self._loops.cache_many(self.B, self.M, self.H, self.K, self.X,
+                                                      slot, bs, slots, n)
+        try:
+            if self.checked:
+                self._check_touched("commit", bs, n if failed < 0 else failed)
+            if failed >= 0:
+                self._refuse("commit", b=int(bs[failed]), r=r, h=hashes[failed])
+        finally:
+            if unregistered:
+                self._release_hashes(slots)  # the digests of the blocks not committed go
 
     def rewind(self, b: int, r: Hashable, k: int) -> None:
         self._run("rewind", self._ids([b]), r, check_count(k, "k (slots kept)", self.block_size))
@@ -999,7 +1043,8 @@ def _rules_disagree(mod: ModuleType, rules: tuple[Any, Any] | None) -> str | Non
     """What of the generated request rules disagrees with the interpreted ones, or None:
     ``commit_bounds`` on every count up to two blocks and one position at block sizes 1 and 3
     (as ``compiled.position_rule`` is checked), ``slots_written`` at every block of the probe
-    pools for every k up to a block and one, and the spec's ``takeable`` at every block."""
+    pools for every k up to a block and one, the spec's ``takeable`` at every block, and its
+    ``cache_due`` at every block with every registered hash and two unregistered ones."""
     commit_bounds, slots_written = rules or (REQUEST_SPEC.commit_bounds,
                                              REQUEST_SPEC.slots_written)
     for Bsz in (1, 3):
@@ -1018,4 +1063,8 @@ def _rules_disagree(mod: ModuleType, rules: tuple[Any, Any] | None) -> str | Non
                     return f"slots_written({b}, {k})"
             if mod.g_takeable(*arrays, b) != bool(takeable(CONCRETE, pre.view, b)):
                 return f"takeable({b})"
+            for h in (*pre.hmap, NO_HASH, MAX_HASH):  # registered, none, one never seen
+                slot = pool._hslot.get(h, 0)
+                if mod.g_cache_due(*arrays, b, slot) != bool(cache_due(CONCRETE, pre.view, b, h)):
+                    return f"cache_due({b}, {h})"
     return None

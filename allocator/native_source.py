@@ -19,7 +19,8 @@ built: what runs is the spec's own guard and effect. ``module_source`` writes th
 ``g_<name>`` (guard) and ``e_<name>`` (effect: every value it stores is read into a local
 first, on the pre-state, as the spec's effect reads its pre-state) per transition, plus
 ``run_<name>`` (guard then effect per column of a parameter matrix, stopping at the first
-refusal), the fused local invariants, and the pool's policy loops (``native_policy.py``,
+refusal) and, where only the block varies, ``each_<name>`` (the same over a block vector), the
+fused local invariants, and the pool's policy loops (``native_policy.py``,
 ``native_clock.py``).
 """
 
@@ -29,7 +30,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from pagedkv.spec import ALL_STATES, NO_BLOCK, PARAM_KINDS, Transition, takeable
+from pagedkv.spec import ALL_STATES, NO_BLOCK, PARAM_KINDS, Transition, cache_due, takeable
 from pagedkv.spec.model import BLOCK_FIELDS
 from pagedkv.spec.request_spec import REQUEST_SPEC
 
@@ -200,6 +201,23 @@ def transition_source(t: Transition) -> str:
             + f"        if not g_{t.name}({_sig(*params)}):\n"
             f"            return _i\n"
             f"        e_{t.name}({_sig(*params)})\n"
+            f"    return n\n" + repeat_source(t))
+
+
+def repeat_source(t: Transition) -> str:
+    """``each_<name>(B, M, H, K, X, blocks, n, <the other parameters>)``: the transition on
+    each of ``blocks[:n]`` in order, the other parameters the same for every block, stopping
+    at the first refusal (returns how many ran). Only for transitions whose first parameter
+    is the block and whose others are not blocks; empty otherwise."""
+    params = t.params
+    if not params or params[0] != "b" or any(PARAM_KINDS.get(p) == "block"
+                                             for p in params[1:]):
+        return ""
+    return (f"\n\n@njit(cache=True)\ndef each_{t.name}({_sig('blocks', 'n', *params[1:])}):\n"
+            f"    for _i in range(n):\n        b = blocks[_i]\n"
+            f"        if b < 0 or b >= B.shape[1] - 1 or not g_{t.name}({_sig(*params)}):\n"
+            f"            return _i\n"
+            f"        e_{t.name}({_sig(*params)})\n"
             f"    return n\n")
 
 
@@ -281,7 +299,8 @@ def rules_source(commit_bounds: Any, slots_written: Any) -> str:
     position counts (as ``compiled.position_rule`` writes it), ``g_slots_written(b, k)``, the
     pool predicate ``slots_written`` over the native arrays, and ``g_takeable(b)``, the
     spec's ``takeable`` (what an allocation may take: a cached hit that is takeable is
-    revived, not taken)."""
+    revived, not taken), and ``g_cache_due(b, h)``, the spec's ``cache_due`` (which commits
+    a caching pass makes)."""
     params = ("new", "issued", "known")
     terms = _rule_terms(commit_bounds, params)
     if terms is None:
@@ -292,6 +311,9 @@ def rules_source(commit_bounds: Any, slots_written: Any) -> str:
     can_take = _native(takeable, ("b",))
     if can_take is None:
         raise _Unsupported("the pool predicate takeable")
+    due = _native(cache_due, ("b", "h"))
+    if due is None:
+        raise _Unsupported("the pool predicate cache_due")
     split = "".join(f"    {p}_q = {p} // Bsz\n    {p}_o = {p} - {p}_q * Bsz\n" for p in params)
     inline = "@njit(cache=True, inline='always')\n"
     return (f"{inline}def rule_commit_bounds(Bsz, {', '.join(params)}):\n{split}"
@@ -299,7 +321,9 @@ def rules_source(commit_bounds: Any, slots_written: Any) -> str:
             f"{inline}def g_slots_written({_sig('b', 'k')}):\n" + GEOMETRY
             + f"    return bool({_truth(written)})\n\n\n"
             f"{inline}def g_takeable({_sig('b')}):\n" + GEOMETRY
-            + f"    return bool({_truth(can_take)})\n")
+            + f"    return bool({_truth(can_take)})\n\n\n"
+            f"{inline}def g_cache_due({_sig('b', 'h')}):\n" + GEOMETRY
+            + f"    return bool({_truth(due)})\n")
 
 
 def module_source(spec: dict[str, Transition], invariants: list[Any],

@@ -290,23 +290,13 @@ def complete_launch(B, M, H, K, X, written, n, L):
 
 @njit(cache=True)
 def commit_blocks(B, M, H, K, X, blocks, holders, hslots, n):
-    """The spec's ``commit`` of each block whose commit is due (``BlockAllocator``'s
-    caching at commit): a PUBLISHED block whose hash is not registered yet, in order (so a
-    block of a later request with a hash an earlier one just registered is skipped).
-    Returns (the refused index or -1, whether a hash slot is left naming no block: a
-    digest interned for a block not committed, for the caller to release)."""
+    """``cache_if_due`` of each block for its holder (``BlockAllocator``'s caching at
+    commit), in order (so a block of a later request with a hash an earlier one just
+    registered is skipped). Returns (the refused index or -1, ``any_unregistered``)."""
     for i in range(n):
-        b = blocks[i]
-        h = hslots[i]
-        if B[ROW_STATE, b] != PUBLISHED or X[h] != NO_BLOCK:
-            continue
-        if not g_commit(B, M, H, K, X, b, holders[i], h):
+        if not cache_if_due(B, M, H, K, X, blocks[i], holders[i], hslots[i]):
             return i, True
-        e_commit(B, M, H, K, X, b, holders[i], h)
-    for i in range(n):
-        if X[hslots[i]] == NO_BLOCK:
-            return -1, True
-    return -1, False
+    return -1, any_unregistered(X, hslots, n)
 
 
 (FUSED_DONE, FUSED_PLAN, FUSED_SCRATCH, FUSED_LAUNCH_ROOM, FUSED_ISSUE) = range(5)

@@ -32,6 +32,7 @@ from pagedkv.spec import (
     Overlay,
     PoolState,
     Transition,
+    cache_due,
     takeable,
 )
 from pagedkv.spec.explain import refusal_detail
@@ -719,6 +720,26 @@ class BlockPool(PoolStorage):
         self.hash[b] = h
         self.hmap[h] = b
         self._verify("commit", predicted, b, r, h)
+
+    def cache_many(self, r: Hashable, blocks: Sequence[int], hashes: Sequence[int]) -> None:
+        """Commit each block under its hash, for holder r, where the spec's ``cache_due``
+        holds (the block is PUBLISHED and no block is registered under the hash yet), in
+        order: a request's full blocks once the launch that wrote them completed, whether or
+        not an earlier request cached the same content (vLLM's ``cache_full_blocks``). The
+        hashes are checked first; a bad block id, or a due block whose ``commit`` is refused,
+        raises, the commits before it staying."""
+        blocks, hashes = list(blocks), list(hashes)
+        if len(blocks) != len(hashes):
+            raise InvalidArgument(f"cache_many needs one hash per block: {len(hashes)} "
+                                  f"hashes for {len(blocks)} blocks")
+        hashes = [h if type(h) is int and 0 <= h <= MAX_HASH else check_count(h, "hash", MAX_HASH)
+                  for h in hashes]
+        due = self.predicate(cache_due, ("b", "h"))
+        for b, h in zip(blocks, hashes, strict=True):
+            if type(b) is not int or not 0 <= b < self.num_blocks:
+                b = self.check_block_id(b)
+            if due(b, h):
+                self.commit(b, r, h)
 
     def share(self, b: int, r: Hashable) -> None:
         """spec: share — a prefix hit or fork takes a reference (revives a CACHED block)."""

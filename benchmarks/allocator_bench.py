@@ -275,11 +275,9 @@ def _native_request(p: NativePool, r: object, toks: list[int], hashes: list[int]
     p.publish_many(r, new)
     p.begin_write_many(r, new, B)
     p.end_write_many(new)
-    blocks = np.concatenate((hb, new))
     rest = hashes[len(hb):]
-    idx = np.flatnonzero(p.lookup_many(rest) < 0)
-    p.commit_many(r, blocks[len(hb) + idx], [rest[i] for i in idx.tolist()])
-    p.release_many(r, blocks[::-1])
+    p.cache_many(r, new[:len(rest)], rest)
+    p.release_many(r, np.concatenate((hb, new))[::-1])
     p.close_holder(r)
     return len(hb)
 

@@ -22,7 +22,14 @@ from .states import (
     BlockState,
     state_name,
 )
-from .transitions import PARAM_KINDS, TRANSITIONS, Transition, slots_written, takeable
+from .transitions import (
+    PARAM_KINDS,
+    TRANSITIONS,
+    Transition,
+    cache_due,
+    slots_written,
+    takeable,
+)
 
 __all__ = [
     "ALL_STATES", "ALLOCATED", "Arr", "BLOCK_FIELDS", "BlockState", "CACHED", "CONCRETE",
@@ -36,5 +43,6 @@ __all__ = [
     "launch_ids", "live_instances",
     "slots_written",
     "takeable",
+    "cache_due",
     "spec_digest", "state_name", "states_equal", "step", "violations",
 ]

@@ -313,6 +313,13 @@ def takeable(ops: Any, s: PoolState, b: Any) -> Any:
                    s.retire[b] <= s.clock[WATERMARK])
 
 
+def cache_due(ops: Any, s: PoolState, b: Any, h: Any) -> Any:
+    """Caching b under hash h is due (``commit``'s policy, not its guard): b is PUBLISHED --
+    not cached yet -- and no block is registered under h (where one is, it stays the block
+    hits find, and b stays the request's own)."""
+    return ops.And(s.state[b] == PUBLISHED, s.hmap[h] == NO_BLOCK)
+
+
 TRANSITIONS: dict[str, Transition] = {
     t.name: t
     for t in (

@@ -69,11 +69,13 @@ def test_the_workloads_reach_what_they_compare():
     ok = {name for name, out in seen if not isinstance(out, type)}
     assert ok >= {"open_holder", "take", "take_many", "release", "release_many", "share_many",
                   "publish_many",
-                  "begin_write_many", "end_write_many", "commit_many", "launch", "complete",
+                  "begin_write_many", "end_write_many", "commit_many", "cache_many", "launch",
+                  "complete",
                   "advance_watermark", "close_holder", "rewind"}
     assert ("release_many", DoubleFree) in seen
     assert any(name == "evicted" for name, _ in seen)
     assert any(name == "advance_watermark" and out for name, out in seen)
+    assert any(name == "cache_skipped" and out for name, out in seen)
 
 
 def test_take_many_evicts_cached_blocks_in_lru_order_and_frees_their_hashes():
@@ -244,6 +246,36 @@ def test_lookups_read_the_hash_map():
     assert nat.lookup(77) == blocks[1] and 78 not in nat._hslot  # the refused one's goes
 
 
+@pytest.mark.parametrize("checked", [False, True])
+def test_cache_many_commits_the_due_blocks_as_blockpool_does(checked):
+    """A caching pass commits a PUBLISHED block whose hash no block holds yet and skips the
+    rest -- a hash registered earlier, one an earlier block of the same pass just
+    registered, a block committed already -- on both pools alike; a due block whose write
+    is still in flight is refused after the commits before it, and its digest is not left
+    interned."""
+    pair = Pair(8, 2, checked=checked)
+    ref, nat = pair.ref, pair.nat
+    pair.do("open", lambda: ref.open_holder("a"), lambda: nat.open_holder("a"))
+    b = pair.do("take", lambda: ref.take_many("a", 5), lambda: nat.take_many("a", 5))
+    pair.do("publish", lambda: ref.run_many("publish", [(x, "a") for x in b]),
+            lambda: nat.publish_many("a", b))
+    pair.do("write", lambda: ref.run_many("begin_write", [(x, "a", 2) for x in b]),
+            lambda: nat.begin_write_many("a", b, 2))
+    pair.do("end", lambda: ref.run_many("end_write", [(x,) for x in b]),
+            lambda: nat.end_write_many(b))
+    pair.do("commit", lambda: ref.commit(b[0], "a", 7), lambda: nat.commit_many("a", b[:1], [7]))
+    pair.do("cache", lambda: ref.cache_many("a", [b[1], b[2], b[3], b[0]], [7, 8, 8, 9]),
+            lambda: nat.cache_many("a", [b[1], b[2], b[3], b[0]], [7, 8, 8, 9]))
+    pair.do("rewind", lambda: ref.rewind(b[4], "a", 1), lambda: nat.rewind(b[4], "a", 1))
+    pair.do("write", lambda: ref.begin_write(b[4], "a", 1),
+            lambda: nat.begin_write_many("a", b[4:], 1))  # b[4]'s write is in flight
+    refused = pair.do("refused", lambda: ref.cache_many("a", [b[3], b[4]], [10, 11]),
+                      lambda: nat.cache_many("a", [b[3], b[4]], [10, 11]))
+    assert refused is GuardViolation
+    assert [nat.lookup(h) for h in (7, 8, 9, 10, 11)] == [b[0], b[2], None, b[3], None]
+    assert 9 not in nat._hslot and 11 not in nat._hslot  # digests of commits not made go
+
+
 def _slot_accounting(nat: NativePool) -> tuple[int, int, int]:
     """(digests interned, free hash slots, slots in all but slot 0 of NO_HASH)."""
     assert sorted(nat._hslot.values()) == sorted(
@@ -399,6 +431,13 @@ def pool():
     (lambda p: p.commit_many("a", [0], [-5]), InvalidArgument),
     (lambda p: p.commit_many("a", [0, 1], [77, -5]), InvalidArgument),
     (lambda p: p.commit_many("a", [0], {77}), InvalidArgument),
+    (lambda p: p.cache_many("a", [0], []), InvalidArgument),
+    (lambda p: p.cache_many("a", [0], [-5]), InvalidArgument),
+    (lambda p: p.cache_many("a", [0, 1], [77, -5]), InvalidArgument),
+    (lambda p: p.cache_many("a", [0], {77}), InvalidArgument),
+    (lambda p: p.cache_many("a", [9], [77]), InvalidArgument),
+    (lambda p: p.cache_many("a", [0.0], [77]), InvalidArgument),
+    (lambda p: p.cache_many(["unhashable"], [0], [77]), InvalidArgument),
     (lambda p: p.end_write_many([0]), GuardViolation),
     (lambda p: p.close_holder("a"), GuardViolation),
     (lambda p: p.open_holder("a"), GuardViolation),
