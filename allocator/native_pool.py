@@ -477,13 +477,19 @@ class NativePool:
                 raise InvariantViolation(failed.name, f"after {name}")
 
     def _room_for_launch(self) -> None:
-        """The launch set can take one more launch at a load of at most one half (rehashed
-        into fresh cells, doubled while the live launches fill a quarter)."""
+        """The launch set can take one more launch at a load of at most one half: rehashed,
+        in place unless the live launches fill a quarter (then into cells doubled until they
+        do not)."""
         M = self.M
         cap = len(M) - ns.LAUNCHES0
         if 2 * (M[ns.LAUNCH_USED] + 1) <= cap:
             return
         live = self.mod.launch_members(M, np.empty(cap, np.int64))
+        if 4 * (live + 1) <= cap:  # room enough: the deleted cells cleared in place
+            old = M.copy()
+            M[ns.LAUNCHES0:] = ns.LAUNCH_EMPTY
+            self.mod.rehash_launches(old, M)
+            return
         while 4 * (live + 1) > cap:
             cap *= 2
         new = np.full(ns.LAUNCHES0 + cap, ns.LAUNCH_EMPTY, np.int64)

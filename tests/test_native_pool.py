@@ -455,6 +455,21 @@ def test_a_refusal_names_the_failed_condition_in_words(pool):
         pool.release_many("b", [0])
 
 
+def test_the_launch_set_clears_its_deleted_cells_in_place():
+    """Launches that complete one after another leave deleted cells; the set is rehashed in
+    its own cells (the pool's M stays the same array) and still holds exactly the launches
+    in flight, with some in flight across the rehashes."""
+    nat = NativePool(4, 2, checked=True)
+    M, pending = nat.M, []
+    for i in range(200):
+        pending.append(nat.launch())
+        if i % 3 or len(pending) > 2:
+            nat.complete(pending.pop(0))
+            nat.advance_watermark()
+        assert nat.launches() == set(pending)
+    assert nat.M is M and len(M) == native_source.LAUNCHES0 + 16
+
+
 def test_a_recycle_under_a_launch_in_flight_waits_for_it():
     nat = NativePool(2, 4, checked=True)
     nat.open_holder("a")
