@@ -299,7 +299,11 @@ class NativeAllocator(RequestBook):
         self._room_for_entries(min(-(-int(targets.max()) // self.block_size), self.num_blocks))
         rows = self._rows_of(reqs)
         grown = np.empty(n, np.int64)
-        found = self.mod.grow_many(*self._arrays, rows, targets, n, self._S, grown)
+        while True:
+            found = self.mod.grow_many(*self._arrays, rows, targets, n, self._S, grown)
+            if found[1] != self.mod.STEP_KEYS_ROOM:
+                break
+            self.pool._room_for_keys(found[2])
         self._after_growth(reqs, found)
         return self._entries_added(reqs, grown, n)
 
@@ -367,9 +371,12 @@ class NativeAllocator(RequestBook):
         while True:
             found = self._steps.grow_running(*self._arrays, rows, bases, counts, n, self._S,
                                           grown, targets)
-            if found[1] != self.mod.STEP_TOO_WIDE:
+            if found[1] == self.mod.STEP_TOO_WIDE:
+                self._room_for_entries(min(found[2], self.num_blocks))
+            elif found[1] == self.mod.STEP_KEYS_ROOM:
+                self.pool._room_for_keys(found[2])
+            else:
                 break
-            self._room_for_entries(min(found[2], self.num_blocks))
         ok = found[1] == self.mod.STEP_OK
         self._after_growth([self._requests[rid] for rid in rids] if not ok else (),
                            (-1 if ok else found[0], *found[1:]))

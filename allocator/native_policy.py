@@ -42,35 +42,43 @@ def add_key(K, M, r, b):
     key = (r << 32) | b
     mask = K.shape[0] - 1
     i = _probe(K, key)
-    tomb = -1
     while True:
         k = K[i]
         if k == key:
             return
-        if k == TOMB_KEY and tomb < 0:
-            tomb = i
         if k == EMPTY_KEY:
             break
         i = (i + 1) & mask
-    if tomb >= 0:
-        K[tomb] = key
-    else:
-        K[i] = key
+    K[i] = key
+    M[KEYS_USED] += 1
 
 
 @njit(cache=True, inline="always")
 def discard_key(K, M, r, b):
+    """The key goes and its cell is closed up, with no deleted marker left (linear probing's
+    deletion): each later key of its run moves back into the gap unless its home cell lies
+    cyclically after the gap, up to its own cell (it would then not be found from home)."""
     key = (r << 32) | b
     mask = K.shape[0] - 1
     i = _probe(K, key)
     while True:
         k = K[i]
         if k == key:
-            K[i] = TOMB_KEY
-            return
+            break
         if k == EMPTY_KEY:
             return
         i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        k = K[j]
+        if k == EMPTY_KEY:
+            break
+        if ((j - _probe(K, k)) & mask) >= ((j - i) & mask):
+            K[i] = k
+            i = j
+    K[i] = EMPTY_KEY
+    M[KEYS_USED] -= 1
 
 
 @njit(cache=True)

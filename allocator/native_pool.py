@@ -71,6 +71,7 @@ from .table import MAX_COUNT, check_block_size, check_count, check_int
 
 ROW, CLOCK0, COUNT0 = ns.ROW, ns.CLOCK0, ns.COUNT0
 UNKNOWN_HOLDER = 0  # the slot of every id that is not an open holder: never alive
+_KEYS_USED = ns.KEYS_USED
 _INT64 = np.dtype(np.int64)
 _NONE = np.empty(0, _INT64)
 _NONE.flags.writeable = False
@@ -273,7 +274,7 @@ class NativePool:
         self._scratch = np.empty((3, 64), np.int64)
         self._one = np.empty((1, 1), np.int64)
         self._one_block = np.empty(1, np.int64)  # take's output, release's input
-        self._keys_bound, self._keys_half = 0, len(self.K) // 2
+        self._keys_half = len(self.K) // 2
         from .native_entry import pool_loops  # (numba's: imported once the module is)
 
         loops = self._loops = pool_loops(self.mod)
@@ -402,20 +403,18 @@ class NativePool:
         return self._scratch
 
     def _room_for_keys(self, n: int) -> None:
-        """The holds set can take n more keys at a load of at most one half.
-        ``_keys_bound`` bounds the cells in use (keys and deleted ones): each call adds n,
-        a rehash resets it to the live keys, so rehashing costs O(1) per key added."""
-        self._keys_bound += n
-        if self._keys_bound <= self._keys_half:
+        """The holds set can take n more keys at a load of at most one half (its keys are
+        counted natively, ``KEYS_USED``: a deleted key leaves no marker), else it is rehashed
+        into cells doubled until they would be a quarter full: O(1) per key added."""
+        live = self.M.item(_KEYS_USED)
+        if live + n <= self._keys_half:
             return
-        live = int((self.K >= 0).sum())
         cap = len(self.K)
         while cap < 4 * (live + n):
             cap *= 2
         new = np.full(cap, ns.EMPTY_KEY, np.int64)
         self.mod.rehash(self.K, new)
         self.K = new
-        self._keys_bound = live + n
         self._keys_half = cap // 2
 
     @staticmethod
@@ -543,11 +542,8 @@ class NativePool:
             slot = self._slot.get(r, UNKNOWN_HOLDER)
         except TypeError:
             slot = self._holder(r)  # raises InvalidArgument
-        bound = self._keys_bound + n
-        if bound > self._keys_half:
+        if self.M.item(_KEYS_USED) + n > self._keys_half:
             self._room_for_keys(n)
-        else:
-            self._keys_bound = bound
         out = np.empty(n, _INT64)
         found = self._take_many(self.B, self.M, self.H, self.K, self.X, slot, n, out,
                                 self._scratch)
@@ -588,11 +584,8 @@ class NativePool:
             slot = self._slot.get(r, UNKNOWN_HOLDER)
         except TypeError:
             slot = self._holder(r)
-        bound = self._keys_bound + 1
-        if bound > self._keys_half:
+        if self.M.item(_KEYS_USED) >= self._keys_half:
             self._room_for_keys(1)
-        else:
-            self._keys_bound = bound
         out = self._one_block
         found = self._take_many(self.B, self.M, self.H, self.K, self.X, slot, 1, out,
                                 self._scratch)
@@ -946,14 +939,19 @@ class NativePool:
 
     def structure_errors(self) -> list[tuple[str, str]]:
         """What the spec abstracts away, scanned: the holders' counts against the holds set,
-        then ``BlockPool.structure_errors`` on a mirror of this pool (its contents, queue
-        links, busy count and retire queue copied): the queue's links and flags, the busy
-        count, ``usable()`` against the spec's ``takeable``, the retire queue."""
+        the holds set's key count and load, then ``BlockPool.structure_errors`` on a mirror
+        of this pool (its contents, queue links, busy count and retire queue copied): the
+        queue's links and flags, the busy count, ``usable()`` against the spec's
+        ``takeable``, the retire queue."""
         p = self.storage()
         errors = [("holders_consistent", f"nheld of {r!r} is {self.H[1, slot]}, holds "
                                          f"{len(p.held[r])}")
                   for r, slot in self._slot.items()
                   if self.H[0, slot] and self.H[1, slot] != len(p.held[r])]
+        keys = int((self.K >= 0).sum())
+        if keys != self.M[_KEYS_USED] or 2 * keys > len(self.K):
+            errors.append(("holds_set", f"{keys} keys in {len(self.K)} cells, counted "
+                                        f"{self.M[_KEYS_USED]} (at most half full)"))
         mirror = BlockPool(self.num_blocks, self.block_size, checked=False, spec=self.spec)
         mirror.copy_from(p)
         mirror.queue._next[:], mirror.queue._prev[:] = p.queue._next, p.queue._prev

@@ -6,7 +6,8 @@ A native pool (``native_pool.NativePool``) keeps the spec's fields in five NumPy
   ``queued``) and the eviction queue's links (``prev``, ``next``); column ``num_blocks`` is
   the queue's sentinel, never a block of the pool;
 - ``M``, int64: the per-state ``count`` (from ``COUNT0``), the ``clock`` (from ``CLOCK0``), then
-  the pool's own ``CACHED_BUSY``, ``QLEN``, ``BLOCK_SIZE`` and ``LAUNCH_USED``, then from
+  the pool's own ``CACHED_BUSY``, ``QLEN``, ``BLOCK_SIZE``, ``LAUNCH_USED`` and
+  ``KEYS_USED`` (the keys in ``K``), then from
   ``LAUNCHES0`` the ``inflight`` launches, an open-addressing set (``native_clock.py``);
 - ``H``, int64 ``[2, holders]``: per holder slot, ``alive`` and ``nheld``;
 - ``K``, int64: the ``holds`` relation, an open-addressing set of ``(holder << 32) | block``;
@@ -51,10 +52,10 @@ ROWS = (*BLOCK_FIELDS, "prev", "next")
 ROW = {name: i for i, name in enumerate(ROWS)}
 COUNT0 = 0
 CLOCK0 = len(ALL_STATES)
-CACHED_BUSY, QLEN, BLOCK_SIZE, LAUNCH_USED = range(CLOCK0 + 2, CLOCK0 + 6)
-META_SIZE = CLOCK0 + 6
+CACHED_BUSY, QLEN, BLOCK_SIZE, LAUNCH_USED, KEYS_USED = range(CLOCK0 + 2, CLOCK0 + 7)
+META_SIZE = CLOCK0 + 7
 LAUNCHES0 = META_SIZE  # the launches in flight: an open-addressing set in M's cells from here
-EMPTY_KEY, TOMB_KEY = -1, -2
+EMPTY_KEY = -1
 LAUNCH_EMPTY, LAUNCH_TOMB = -(2**63), -(2**63) + 1
 
 # Every transition of the spec runs natively.
@@ -274,7 +275,7 @@ def _constants() -> str:
               f"QLEN = {QLEN}", f"BLOCK_SIZE = {BLOCK_SIZE}",
               f"LAUNCH_USED = {LAUNCH_USED}", f"LAUNCHES0 = {LAUNCHES0}",
               f"LAUNCH_EMPTY = {LAUNCH_EMPTY}", f"LAUNCH_TOMB = {LAUNCH_TOMB}",
-              f"EMPTY_KEY = {EMPTY_KEY}", f"TOMB_KEY = {TOMB_KEY}"]
+              f"KEYS_USED = {KEYS_USED}", f"EMPTY_KEY = {EMPTY_KEY}"]
     return "\n".join(lines) + "\n"
 
 

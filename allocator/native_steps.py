@@ -27,7 +27,7 @@ R_FIELDS = 7
 
 (STEP_OK, STEP_SHRINKS, STEP_EMPTY_TABLE, STEP_NO_ROOM, STEP_REFUSED, STEP_NOTHING_ALLOCATED,
  STEP_SHARED_WRITE, STEP_BELOW_COMPUTED, STEP_NOT_ISSUED, STEP_NOT_KNOWN, STEP_PENDING,
- STEP_TOO_WIDE, STEP_ROLLBACK) = range(13)
+ STEP_TOO_WIDE, STEP_ROLLBACK, STEP_KEYS_ROOM) = range(14)
 
 
 @njit(cache=True, inline="always")
@@ -40,9 +40,11 @@ def grow_many(B, M, H, K, X, R, T, rows, targets, n, S, grown):
     """``BlockAllocator.allocate_many``: each request ``rows[i]`` (a non-empty table) grows to
     cover ``targets[i]`` positions, taking new blocks from the queue's head (evicting cached
     ones on the way, as ``take_many``). Every request is checked first and the room for all of
-    them planned (``usable``: FREE, idle cached): a refusal changes nothing. ``grown[i]``: the
-    entries request i added. Returns (refused request or -1, ``STEP_*``, blocks needed or the
-    refused block, hash slots evicted: row 0 of ``S``, blocks touched: row 2)."""
+    them planned (``usable``: FREE, idle cached): a refusal changes nothing (as where the
+    holds set has no room for the new keys at a load of one half: ``STEP_KEYS_ROOM``, with
+    the keys needed, for the caller to make room). ``grown[i]``: the entries request i
+    added. Returns (refused request or -1, ``STEP_*``, blocks needed or the refused block,
+    hash slots evicted: row 0 of ``S``, blocks touched: row 2)."""
     Bsz = M[BLOCK_SIZE]
     need_all = 0
     for i in range(n):
@@ -58,6 +60,8 @@ def grow_many(B, M, H, K, X, R, T, rows, targets, n, S, grown):
             need_all += need
     if need_all > M[COUNT0 + FREE] + M[COUNT0 + CACHED] - M[CACHED_BUSY]:
         return -1, STEP_NO_ROOM, need_all, 0, 0
+    if 2 * (M[KEYS_USED] + need_all) > K.shape[0]:  # the caller makes room and calls again
+        return -1, STEP_KEYS_ROOM, need_all, 0, 0
     return _grow(B, M, H, K, X, R, T, rows, targets, n, S, grown)
 
 
@@ -67,8 +71,10 @@ def grow_running(B, M, H, K, X, R, T, rows, bases, counts, n, S, grown, targets)
     ``rows[i]``, ``bases[i]`` positions computed, grows by ``counts[i]`` new ones, to cover
     ``max(bases[i] + counts[i], reserved)`` positions (into ``targets``), in order, as long as
     the blocks it needs are usable then; the first that does not fit and those after it are
-    unchanged. Refused, changing nothing: a non-empty table whose request has fewer positions
-    computed than issued (a rollback: ``BlockAllocator.truncate``). Returns (requests grown or
+    unchanged. Stops before any change where the rows are too narrow (``STEP_TOO_WIDE``) or
+    the holds set has no room for the new keys (``STEP_KEYS_ROOM``). Refused, changing
+    nothing: a non-empty table whose request has fewer positions computed than issued (a
+    rollback: ``BlockAllocator.truncate``). Returns (requests grown or
     the refused one, ``STEP_*``, the refused block (when grown: the blocks touched, none if
     no table grew), evicted hash slots, touched blocks)."""
     Bsz = M[BLOCK_SIZE]
@@ -81,6 +87,7 @@ def grow_running(B, M, H, K, X, R, T, rows, bases, counts, n, S, grown, targets)
         targets[i] = max(bases[i] + counts[i], R[R_RESERVED, r])
     room = M[COUNT0 + FREE] + M[COUNT0 + CACHED] - M[CACHED_BUSY]
     fit = n
+    need_all = 0
     for i in range(n):
         need = _cdiv(targets[i], Bsz) - R[R_TLEN, rows[i]]
         if need > 0:
@@ -88,11 +95,14 @@ def grow_running(B, M, H, K, X, R, T, rows, bases, counts, n, S, grown, targets)
                 fit = i
                 break
             room -= need
+            need_all += need
     widest = 0
     for i in range(fit):
         widest = max(widest, _cdiv(targets[i], Bsz))
     if widest > T.shape[1]:  # the caller widens the rows and calls again
         return fit, STEP_TOO_WIDE, widest, 0, 0
+    if 2 * (M[KEYS_USED] + need_all) > K.shape[0]:  # the caller makes room and calls again
+        return fit, STEP_KEYS_ROOM, need_all, 0, 0
     i, status, refused, nev, nt = _grow(B, M, H, K, X, R, T, rows, targets, fit, S, grown)
     if status != STEP_OK:
         return i, status, refused, nev, nt

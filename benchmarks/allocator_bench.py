@@ -32,8 +32,9 @@ Workloads (mirroring ../shared/anchors/vllm_blockpool/bench.py, which times vLLM
   ``native pool``: both pool workloads on a NativePool with batched calls: the hits found with
   one ``prefix_hits`` (a dict read per hash, one vectorized read of the hash map), then one
   ``share_many``, ``take_many``, ``publish_many``, ``begin_write_many``, ``end_write_many``,
-  ``commit_many`` and ``release_many`` (reversed) per request; its mean hit length is checked
-  (untimed) to equal the pool workload's.
+  ``cache_many`` (commits where the spec's ``cache_due`` holds: vLLM's ``cache_full_blocks``)
+  and ``release_many`` (reversed) per request; its mean hit length is checked (untimed) to
+  equal the pool workload's.
 - hashing: pagedkv's block_hash on the requests' blocks (hashes/s), every block hashed.
 
 Each figure is the best (minimum time) of ``--repeat`` timings. Checked and unchecked modes.
@@ -264,10 +265,10 @@ def prefix_pool(checked: bool, nreq: int, repeat: int) -> dict[str, float]:
 
 def _native_request(p: NativePool, r: object, toks: list[int], hashes: list[int]) -> int:
     """``_pool_request`` with the native pool's batched calls (``prefix_hits``: the leading
-    cached blocks, one ``lookup_many`` of the rest before committing); returns the hit
-    length. The same decisions: a lookup does not change the pool, and a request's chain
-    hashes are distinct, so looking every hash up before sharing or committing chooses what
-    the per-block interleaving chooses."""
+    cached blocks; ``cache_many``: a commit of each new full block whose hash is not
+    registered yet); returns the hit length. The same decisions: a lookup does not change
+    the pool, and a request's chain hashes are distinct, so looking the hits up before
+    sharing chooses what the per-block interleaving chooses."""
     p.open_holder(r)
     hb = p.prefix_hits(hashes[: (len(toks) - 1) // B])
     p.share_many(r, hb)

@@ -74,14 +74,14 @@ class Pair:
 
 def random_workload(seed: int, checked: bool, steps: int = 300) -> Pair:
     """A seeded program of pool operations on both pools. On odd seeds the native holder set
-    starts at 16 cells instead of 1,024, so its probe chains collide and cross deleted keys,
-    and it is rehashed every few operations."""
+    starts at 16 cells instead of 1,024, so its probe runs collide, wrap around its end and
+    close up after deletions, and it is rehashed as it grows."""
     rng = random.Random(seed)
     pair = Pair(rng.choice((6, 12, 24)), 4, checked)
     ref, nat = pair.ref, pair.nat
     if seed % 2:
         nat.K = np.full(16, -1, np.int64)
-        nat._keys_bound, nat._keys_half = 0, 8
+        nat._keys_half = 8
     holders: list[str] = []
     serial = 0
     inflight: list[int] = []

@@ -193,6 +193,22 @@ def test_many_launches_in_flight_complete_in_any_order():
         assert snapshot(ref) == snapshot(nat)
 
 
+def test_growth_makes_room_in_the_holds_set_first():
+    """A running pass and an ``allocate_many`` that add more holds than half the holds set's
+    first 1,024 cells: it is rehashed wider before the native loop inserts them (a full set
+    would make the insert loop forever), and stays at most half full."""
+    a = NativeAllocator(4096, 1, prefix_caching=False, checked=False)
+    for rid in ("x", "y"):
+        a.add_request(rid, [1])
+        a.allocate(rid, 1)
+    row = np.array([a._requests["x"].row], np.int64)
+    got = a.grow_running(row, np.zeros(1, np.int64), np.array([700], np.int64), ["x"])
+    assert len(got[0]) == 699 and a.pool.structure_errors() == []
+    assert len(a.allocate_many([("y", 1500)])[0]) == 1499
+    assert a.pool.structure_errors() == [] and len(a.pool.K) >= 4 * 2200
+    assert len(a.pool.held_by("x")) == 700 and len(a.pool.held_by("y")) == 1500
+
+
 # ---- the generated code is the spec's ----------------------------------------------------------
 @pytest.mark.parametrize("wrong", [
     ("rule_commit_bounds", "(new_q < issued_q)", "(new_q <= issued_q)"),

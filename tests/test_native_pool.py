@@ -530,36 +530,36 @@ def test_verify_runs_the_native_check_and_reports_it(monkeypatch, tmp_path):
 
 
 def test_the_holder_set_is_a_set():
-    """The native holds relation (open addressing, deleted cells marked) against a Python
-    set, on a table of 8 cells so that keys collide and probe past deleted cells; rehashed
-    into a fresh table whenever half its cells are used, as the pool does."""
+    """The native holds relation (open addressing; a deleted key's cell closed up, later keys
+    of its run moved back) against a Python set, on a table of 8 cells at most half full, so
+    that keys collide, runs wrap around its end and deletions move keys; its key count
+    (``KEYS_USED``) is the set's size."""
     mod = native.native_module()
     rng = random.Random(7)
     K, M = np.full(8, native_source.EMPTY_KEY, np.int64), np.zeros(native_source.META_SIZE,
                                                                     np.int64)
     model: set[tuple[int, int]] = set()
-    used = 0
-    collided = False
-    for _ in range(3000):
-        r, b = rng.randrange(1, 3), rng.randrange(3)
+    displaced = moved = wrapped = False
+    for _ in range(5000):
+        r, b = rng.randrange(1, 5), rng.randrange(4)
+        before = K.copy()
         if rng.random() < 0.5 and len(model) < 4:
-            before = K.copy()
             mod.add_key(K, M, r, b)
-            collided |= (K != before).sum() == 1 and before[np.flatnonzero(K != before)[0]] < -1
-            used += (r, b) not in model
             model.add((r, b))
         else:
             mod.discard_key(K, M, r, b)
+            moved |= bool(((K != before) & (K >= 0)).any())  # a later key moved back
             model.discard((r, b))
-        for rr in range(1, 3):
-            for bb in range(3):
+        for rr in range(1, 5):
+            for bb in range(4):
                 assert mod.has_key(K, rr, bb) == ((rr, bb) in model)
         assert {(int(k) >> 32, int(k) & 0xFFFFFFFF) for k in K if k >= 0} == model
-        if used > 4:
-            new = np.full(8, native_source.EMPTY_KEY, np.int64)
-            mod.rehash(K, new)
-            K, used = new, len(model)
-    assert collided  # some insert reused a deleted cell
+        assert ((K >= 0) | (K == native_source.EMPTY_KEY)).all()  # no deleted markers
+        assert M[native_source.KEYS_USED] == len(model)
+        homes = [(i, mod._probe(K, int(k))) for i, k in enumerate(K) if k >= 0]
+        displaced |= any(i != home for i, home in homes)
+        wrapped |= any(i < home for i, home in homes)
+    assert displaced and wrapped and moved
 
 
 def _strided(ids):
