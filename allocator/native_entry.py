@@ -47,6 +47,7 @@ class PoolLoops:
         self.first_failing = entry(mod.first_failing, *POOL, ANY_VEC, I64)
         self.registered_prefix = entry(mod.registered_prefix, VEC, VEC, I64, VEC)
         self.cache_many = entry(mod.cache_many, *POOL, I64, ANY_VEC, VEC, I64)
+        self.share_prefix = entry(mod.share_prefix, *POOL, I64, VEC, I64, VEC)
         # each_<name>(B, M, H, K, X, blocks, n, <the other parameters>): only the block varies
         self.each_publish = entry(mod.each_publish, *POOL, ANY_VEC, I64, I64)
         self.each_begin_write = entry(mod.each_begin_write, *POOL, ANY_VEC, I64, I64, I64)

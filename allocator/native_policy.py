@@ -263,6 +263,14 @@ def end_write_many(B, M, H, K, X, blocks, n):
     return n
 
 
+@njit(cache=True)
+def share_prefix(B, M, H, K, X, r, slots, n, out):
+    """``registered_prefix`` of ``slots[:n]`` into ``out``, then ``share_many`` of those blocks
+    for holder r (a prefix hit's references). Returns (blocks found, blocks shared)."""
+    k = registered_prefix(X, slots, n, out)
+    return k, share_many(B, M, H, K, X, r, out, k)
+
+
 @njit(cache=True, inline="always")
 def cache_if_due(B, M, H, K, X, b, r, h):
     """The spec's ``commit`` of b for holder r under hash slot h where ``cache_due`` holds

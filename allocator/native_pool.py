@@ -654,6 +654,29 @@ class NativePool:
         if done < len(bs):
             self._refuse("share", b=int(bs[done]), r=r)
 
+    def share_prefix(self, r: Hashable, hashes: Sequence[int]) -> np.ndarray:
+        """``share_many(r, prefix_hits(hashes))`` in one native loop: the blocks registered
+        under the leading hashes, up to the first that is not, each shared for holder r (an
+        admission's prefix hits: revived if cached), as an int64 array. Stops at the first
+        refused share (raised; the blocks before it stay shared)."""
+        slot = self._holder(r)
+        try:
+            first = self._hslot.get(hashes[0], 0) if len(hashes) else 0
+        except TypeError:
+            raise InvalidArgument("hashes must be a sequence of hashable digests") from None
+        if self.X[first] == NO_BLOCK:  # a request sharing no prefix: none of the rest is read
+            return _NONE
+        slots = self._slots_of(hashes)
+        n = len(slots)
+        self._room_for_keys(n)
+        out = np.empty(n, _INT64)
+        k, done = self._loops.share_prefix(self.B, self.M, self.H, self.K, self.X, slot, slots,
+                                           n, out)
+        self._check_touched("share", out, done)
+        if done < k:
+            self._refuse("share", b=int(out[done]), r=r)
+        return out[:k]
+
     def _run(self, name: str, bs: np.ndarray, r: Hashable | None = None,
              extra: np.ndarray | None = None) -> None:
         """Spec transition ``name`` on each block of ``bs`` in order (its parameters: the

@@ -29,12 +29,12 @@ Workloads (mirroring ../shared/anchors/vllm_blockpool/bench.py, which times vLLM
   lifecycle also performs publish + begin_write + end_write on each new block, and
   the allocator lifecycle is add_request (hashing) + allocate + publish + Launch.complete +
   commit + free; publish/complete (building the numpy launch arrays) is timed apart too.
-  ``native pool``: both pool workloads on a NativePool with batched calls: the hits found with
-  one ``prefix_hits`` (a dict read per hash, one vectorized read of the hash map), then one
-  ``share_many``, ``take_many``, ``publish_many``, ``begin_write_many``, ``end_write_many``,
-  ``cache_many`` (commits where the spec's ``cache_due`` holds: vLLM's ``cache_full_blocks``)
-  and ``release_many`` (reversed) per request; its mean hit length is checked (untimed) to
-  equal the pool workload's.
+  ``native pool``: both pool workloads on a NativePool with batched calls: the hits found and
+  shared with one ``share_prefix`` (a dict read per hash, then one native loop: the leading
+  registered blocks, each shared), then one ``take_many``, ``publish_many``,
+  ``begin_write_many``, ``end_write_many``, ``cache_many`` (commits where the spec's
+  ``cache_due`` holds: vLLM's ``cache_full_blocks``) and ``release_many`` (reversed) per
+  request; its mean hit length is checked (untimed) to equal the pool workload's.
 - hashing: pagedkv's block_hash on the requests' blocks (hashes/s), every block hashed.
 
 Each figure is the best (minimum time) of ``--repeat`` timings. Checked and unchecked modes.
@@ -264,14 +264,13 @@ def prefix_pool(checked: bool, nreq: int, repeat: int) -> dict[str, float]:
 
 
 def _native_request(p: NativePool, r: object, toks: list[int], hashes: list[int]) -> int:
-    """``_pool_request`` with the native pool's batched calls (``prefix_hits``: the leading
-    cached blocks; ``cache_many``: a commit of each new full block whose hash is not
+    """``_pool_request`` with the native pool's batched calls (``share_prefix``: the leading
+    cached blocks shared; ``cache_many``: a commit of each new full block whose hash is not
     registered yet); returns the hit length. The same decisions: a lookup does not change
     the pool, and a request's chain hashes are distinct, so looking the hits up before
     sharing chooses what the per-block interleaving chooses."""
     p.open_holder(r)
-    hb = p.prefix_hits(hashes[: (len(toks) - 1) // B])
-    p.share_many(r, hb)
+    hb = p.share_prefix(r, hashes[: (len(toks) - 1) // B])
     new = p.take_many(r, -(-len(toks) // B) - len(hb))
     p.publish_many(r, new)
     p.begin_write_many(r, new, B)
@@ -281,6 +280,14 @@ def _native_request(p: NativePool, r: object, toks: list[int], hashes: list[int]
     p.release_many(r, np.concatenate((hb, new))[::-1])
     p.close_holder(r)
     return len(hb)
+
+
+def _native_hit(p: NativePool, r: object, toks: list[int], hashes: list[int]) -> None:
+    """The hit workload's request on a native pool: its cached prefix shared
+    (``share_prefix``: the lookups and the touches in one call), then released."""
+    p.open_holder(r)
+    p.release_many(r, p.share_prefix(r, hashes[: (len(toks) - 1) // B])[::-1])
+    p.close_holder(r)
 
 
 def prefix_native(checked: bool, nreq: int, repeat: int,
@@ -299,14 +306,8 @@ def prefix_native(checked: bool, nreq: int, repeat: int,
     _native_request(p, 0, toks[0], hashes[0])  # warm: request 0 populates the prefix
 
     def hit_loop() -> None:
-        prefix_hits, share_many, release_many = p.prefix_hits, p.share_many, p.release_many
         for i in range(nreq):
-            r = ("h", i)
-            p.open_holder(r)
-            hb = prefix_hits(hashes[i][: (len(toks[i]) - 1) // B])
-            share_many(r, hb)
-            release_many(r, hb[::-1])
-            p.close_holder(r)
+            _native_hit(p, ("h", i), toks[i], hashes[i])
 
     t_hit = best_time(hit_loop, repeat)
     hits: list[int] = []

@@ -12,7 +12,7 @@ best time of each side over the rounds, and each round's ratio is printed too:
   ``release(b, "r")``;
 - ``prefix hits`` and ``prefix lifecycle``: ``allocator_bench``'s prefix workload (64 shared
   blocks, 2 own, 2,000 requests) on both sides, vLLM's loops as its anchor's ``bench.py``
-  writes them, pagedkv's ``_native_request``.
+  writes them, pagedkv's ``_native_hit`` and ``_native_request``.
 
 Unchecked and checked pagedkv rows. Needs the vLLM anchor (``../shared/anchors/vllm_blockpool``,
 its ``setup.sh``) and numba.
@@ -131,12 +131,7 @@ def prefix_workloads(BlockPool: object, U: object, Request: object, sha256: obje
 
         def native_hits(p=p) -> None:
             for i in range(nreq):
-                r = ("h", i)
-                p.open_holder(r)
-                hb = p.prefix_hits(hashes[i][: (len(toks[i]) - 1) // B])
-                p.share_many(r, hb)
-                p.release_many(r, hb[::-1])
-                p.close_holder(r)
+                ab._native_hit(p, ("h", i), toks[i], hashes[i])
 
         def native_life(p=p) -> None:
             for i in range(1, nreq):

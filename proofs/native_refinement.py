@@ -2,14 +2,14 @@
 
 ``BlockPool`` is held to the spec by the refinement campaign (``proofs.refinement``); the
 native pool (``allocator/native_pool.py``, the spec's transitions compiled to numba loops) is
-held here to ``BlockPool`` on seeded random workloads: every operation of the pool layer (holders,
-``take_many`` with its evictions, releases, shares, publishes, writes and their completions,
-commits and caching passes, rewinds, launches, completions and the watermark) is made on
-both, and they must return the same blocks, raise the same error types, and end in the same
-state, queue order and retire queue; at the end the native pool's structure and the spec's
-invariants are scanned. Its generated code is held to the interpreted spec separately
-(``native_pool.self_check``, at start-up). ``pagedkv verify`` runs ``run_native_campaign``;
-the tests run the same workloads.
+held here to ``BlockPool`` on seeded random workloads: every operation of the pool layer
+(holders, ``take_many`` with its evictions, releases, shares and prefix shares, publishes,
+writes and their completions, commits and caching passes, rewinds, launches, completions and
+the watermark) is made on both, and they must return the same blocks, raise the same error
+types, and end in the same state, queue order and retire queue; at the end the native pool's
+structure and the spec's invariants are scanned. Its generated code is held to the
+interpreted spec separately (``native_pool.self_check``, at start-up). ``pagedkv verify``
+runs ``run_native_campaign``; the tests run the same workloads.
 """
 # ruff: noqa: B023 - each operation's lambdas are called at once by Pair.do, inside the loop
 
@@ -72,6 +72,18 @@ class Pair:
         return want
 
 
+def _share_prefix(ref: BlockPool, r: Any, hashes: list[int]) -> list[int]:
+    """``NativePool.share_prefix`` on a BlockPool: the leading registered blocks, shared."""
+    found = []
+    for h in hashes:
+        b = ref.lookup(h)
+        if b is None:
+            break
+        found.append(b)
+    ref.run_many("share", [(b, r) for b in found])
+    return found
+
+
 def random_workload(seed: int, checked: bool, steps: int = 300) -> Pair:
     """A seeded program of pool operations on both pools. On odd seeds the native holder set
     starts at 16 cells instead of 1,024, so its probe runs collide, wrap around its end and
@@ -125,8 +137,14 @@ def random_workload(seed: int, checked: bool, steps: int = 300) -> Pair:
                      if ref.state[b] in shareable and b not in held]
             if cands:
                 blocks = rng.sample(cands, rng.randrange(1, len(cands) + 1))
-                pair.do("share_many", lambda: ref.run_many("share", [(b, r) for b in blocks]),
-                        lambda: nat.share_many(r, blocks))
+                if len(held) % 2:  # (no draw of its own) the blocks' hashes, as a prefix
+                    hashes = [ref.hash[b] for b in blocks]
+                    pair.do("share_prefix", lambda: _share_prefix(ref, r, hashes),
+                            lambda: nat.share_prefix(r, hashes))
+                else:
+                    pair.do("share_many",
+                            lambda: ref.run_many("share", [(b, r) for b in blocks]),
+                            lambda: nat.share_many(r, blocks))
         elif op < 0.54:
             mine = [b for b in held if ref.state[b] == ALLOCATED]
             if mine:

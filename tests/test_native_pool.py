@@ -32,7 +32,7 @@ from pagedkv.proofs.native_refinement import (  # noqa: E402
     run_native_campaign,
     snapshot,
 )
-from pagedkv.spec import TRANSITIONS, violations  # noqa: E402
+from pagedkv.spec import REFERENCED, TRANSITIONS, violations  # noqa: E402
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -68,7 +68,7 @@ def test_the_workloads_reach_what_they_compare():
         seen += random_workload(seed, checked=False).seen
     ok = {name for name, out in seen if not isinstance(out, type)}
     assert ok >= {"open_holder", "take", "take_many", "release", "release_many", "share_many",
-                  "publish_many",
+                  "share_prefix", "publish_many",
                   "begin_write_many", "end_write_many", "commit_many", "cache_many", "launch",
                   "complete",
                   "advance_watermark", "close_holder", "rewind"}
@@ -276,6 +276,31 @@ def test_cache_many_commits_the_due_blocks_as_blockpool_does(checked):
     assert 9 not in nat._hslot and 11 not in nat._hslot  # digests of commits not made go
 
 
+@pytest.mark.parametrize("checked", [False, True])
+def test_share_prefix_shares_the_leading_registered_blocks(checked):
+    """``share_prefix`` shares the blocks of the leading registered hashes and stops at the
+    first miss (a cached block is revived), as ``prefix_hits`` + ``share_many``; a refused
+    share (a holder not open) raises after the shares before it, which here are none."""
+    nat = NativePool(6, 2, checked=checked)
+    nat.open_holder("a")
+    blocks = nat.take_many("a", 3)
+    nat.publish_many("a", blocks)
+    nat.begin_write_many("a", blocks, 2)
+    nat.end_write_many(blocks)
+    nat.cache_many("a", blocks, [11, 12, 13])
+    nat.release_many("a", blocks[2:])  # block 2 is cached now, at ref 0
+    nat.open_holder("b")
+    assert nat.share_prefix("b", [11, 12, 99, 13]).tolist() == blocks[:2].tolist()
+    assert nat.share_prefix("c", [99, 11]).tolist() == []  # the first misses: nothing read
+    got = nat.share_prefix("b", [13])
+    assert got.tolist() == [blocks[2]] and nat.view.state[blocks[2]] == REFERENCED
+    assert nat.held_by("b") == set(blocks.tolist())
+    assert [nat.view.ref[b] for b in blocks] == [2, 2, 1]
+    with pytest.raises(GuardViolation, match="share refused"):
+        nat.share_prefix("c", [11, 12])
+    assert [nat.view.ref[b] for b in blocks] == [2, 2, 1] and nat.structure_errors() == []
+
+
 def _slot_accounting(nat: NativePool) -> tuple[int, int, int]:
     """(digests interned, free hash slots, slots in all but slot 0 of NO_HASH)."""
     assert sorted(nat._hslot.values()) == sorted(
@@ -438,6 +463,9 @@ def pool():
     (lambda p: p.cache_many("a", [9], [77]), InvalidArgument),
     (lambda p: p.cache_many("a", [0.0], [77]), InvalidArgument),
     (lambda p: p.cache_many(["unhashable"], [0], [77]), InvalidArgument),
+    (lambda p: p.share_prefix(["unhashable"], [77]), InvalidArgument),
+    (lambda p: p.share_prefix("a", 77), InvalidArgument),
+    (lambda p: p.share_prefix("a", [[77]]), InvalidArgument),
     (lambda p: p.end_write_many([0]), GuardViolation),
     (lambda p: p.close_holder("a"), GuardViolation),
     (lambda p: p.open_holder("a"), GuardViolation),
