@@ -14,7 +14,7 @@ from typing import Any
 
 from numba import types
 
-from .native_source import NATIVE
+from .native_source import NATIVE, ONE
 
 I64 = types.int64
 VEC = types.Array(types.int64, 1, "C")  # a contiguous int64 vector (np.empty(n, np.int64))
@@ -54,6 +54,8 @@ class PoolLoops:
         # run_<name>(B, M, H, K, X, P, n): P's rows are the transition's parameters
         self.run = {name: entry(getattr(mod, f"run_{name}"), *POOL, MAT, I64)
                     for name in NATIVE}
+        # one_<name>(B, M, H, K, X, <its one parameter>): the transition once
+        self.one = {name: entry(getattr(mod, f"one_{name}"), *POOL, I64) for name in ONE}
 
 
 def pool_loops(mod: Any) -> PoolLoops:

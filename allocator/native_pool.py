@@ -272,14 +272,13 @@ class NativePool:
         self.retire_queue: deque[tuple[int, int]] = deque()
         # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).
         self._scratch = np.empty((3, 64), np.int64)
-        self._one = np.empty((1, 1), np.int64)
         self._one_block = np.empty(1, np.int64)  # take's output, release's input
         self._keys_half = len(self.K) // 2
         from .native_entry import pool_loops  # (numba's: imported once the module is)
 
         loops = self._loops = pool_loops(self.mod)
         self._take_many, self._release_many = loops.take_many, loops.release_many
-        self._runs = loops.run
+        self._runs, self._one = loops.run, loops.one
         self.view = PoolState(
             **{f: self.B[ROW[f], :n] for f in ROW if f in ARRAY_FIELDS and f != "hash"},
             hash=_HashRow(self), hmap=_HashMap(self), alive=_Holder(self, 0),
@@ -454,14 +453,11 @@ class NativePool:
             failed = next(inv for inv, ok in zip(invs, values, strict=True) if not ok)
             raise InvariantViolation(failed.name, f"after {name}, at block {b}")
 
-    def _clock_step(self, name: str, L: int | None = None) -> None:
-        """A launch-clock transition (launch, complete), natively: the spec's guard and effect;
-        in checked mode the clock invariants are evaluated after it."""
-        P = self._one
-        if L is not None:
-            P[0, 0] = L
-        if self._runs[name](self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
-            self._refuse(name, **({} if L is None else {"L": L}))
+    def _clock_step(self, name: str, L: int) -> None:
+        """A launch-clock transition (launch, complete) of launch L, natively: the spec's
+        guard and effect; in checked mode the clock invariants are evaluated after it."""
+        if not self._one[name](self.B, self.M, self.H, self.K, self.X, L):
+            self._refuse(name, L=L)
         self._check_clock(name, L)
 
     def _check_clock(self, name: str, L: int | None) -> None:
@@ -509,25 +505,22 @@ class NativePool:
         new = slot == UNKNOWN_HOLDER
         if new:
             slot = self._new_holder_slot(r)
-        P = self._one
-        P[0, 0] = slot
-        if self._runs["open_holder"](self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
+        if not self._one["open_holder"](self.B, self.M, self.H, self.K, self.X, slot):
             if new:
                 self._forget_holder(r)
             self._refuse("open_holder", r=r)
 
     def close_holder(self, r: Hashable) -> None:
         slot = self._holder(r)
-        P = self._one
-        P[0, 0] = slot
-        if self._runs["close_holder"](self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
+        if not self._one["close_holder"](self.B, self.M, self.H, self.K, self.X, slot):
             self._refuse("close_holder", r=r)
         if slot != UNKNOWN_HOLDER:
             self._forget_holder(r)
 
     def _forget_holder(self, r: Hashable) -> None:
         slot = self._slot.pop(r)
-        self.H[:, slot] = 0
+        H = self.H
+        H[0, slot] = H[1, slot] = 0
         self._free_slots.append(slot)
 
     # ---- batches ---------------------------------------------------------------------------------
@@ -1014,11 +1007,12 @@ def self_check(mod: ModuleType, spec: Mapping[str, Transition],
                rules: tuple[Any, Any] | None = None) -> str | None:
     """None if every generated transition agrees with the interpreted spec on the probe
     states (each parameter tuple: refused exactly where the guard fails, changing nothing,
-    else the spec's post-state), and the fused invariants with the interpreted ones; else
-    what disagreed."""
+    else the spec's post-state; ``one_<name>`` making ``run_<name>``'s move), and the fused
+    invariants with the interpreted ones; else what disagreed."""
     for name in ns.NATIVE:
         t = spec[name]
         run = getattr(mod, f"run_{name}")
+        one = getattr(mod, f"one_{name}") if name in ns.ONE else None
         combos = list(itertools.product(*(_PROBE_VALUES[x] for x in t.params)))
         for pre in _effect_probe_pools(t):
             pool = _bare(mod, pre)
@@ -1038,6 +1032,14 @@ def self_check(mod: ModuleType, spec: Mapping[str, Transition],
                        else v for p, v in kw.items()]
                 P = np.array(col, np.int64).reshape(len(col), 1)
                 ran = run(pool.B, pool.M, pool.H, pool.K, pool.X, P, 1) == 1
+                if one is not None:  # the same transition once, on scalars: the same move
+                    mine = (pool.B, pool.M, pool.H, pool.K, pool.X)
+                    after = [a.copy() for a in mine]
+                    for a, saved in zip(mine, arrays, strict=True):
+                        a[...] = saved
+                    if one(*mine, *col) != ran or not all(
+                            np.array_equal(a, b) for a, b in zip(mine, after, strict=True)):
+                        return f"one_{name}{combo}: not run_{name}'s move"
                 in_pool = all(0 <= v < pre.num_blocks for p, v in kw.items() if p == "b")
                 allowed = in_pool and bool(t.guard(CONCRETE, want.view, **kw))
                 if ran != allowed:

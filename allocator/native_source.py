@@ -20,9 +20,9 @@ built: what runs is the spec's own guard and effect. ``module_source`` writes th
 ``g_<name>`` (guard) and ``e_<name>`` (effect: every value it stores is read into a local
 first, on the pre-state, as the spec's effect reads its pre-state) per transition, plus
 ``run_<name>`` (guard then effect per column of a parameter matrix, stopping at the first
-refusal) and, where only the block varies, ``each_<name>`` (the same over a block vector), the
-fused local invariants, and the pool's policy loops (``native_policy.py``,
-``native_clock.py``).
+refusal), ``one_<name>`` (once, on scalar arguments) and, where only the block varies,
+``each_<name>`` (the same over a block vector), the fused local invariants, and the pool's
+policy loops (``native_policy.py``, ``native_clock.py``).
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ LAUNCH_EMPTY, LAUNCH_TOMB = -(2**63), -(2**63) + 1
 NATIVE = ("allocate", "publish", "begin_write", "end_write", "rewind", "commit", "share",
           "release", "evict", "recycle", "open_holder", "close_holder", "launch", "complete",
           "advance")
+# Those a pool calls once on scalar arguments (``one_<name>``), held to ``run_<name>`` too.
+ONE = ("open_holder", "close_holder", "launch", "complete")
 
 
 def read(field: str, *keys: str) -> str:
@@ -186,7 +188,8 @@ GEOMETRY = "    num_blocks = B.shape[1] - 1\n    block_size = M[BLOCK_SIZE]\n"
 
 
 def transition_source(t: Transition) -> str:
-    """``g_<name>``, ``e_<name>`` and ``run_<name>`` of one transition."""
+    """``g_<name>``, ``e_<name>``, ``run_<name>``, ``one_<name>`` (the transition once, its
+    parameters as arguments: whether it ran) and ``each_<name>`` of one transition."""
     params = t.params
     body = effect_lines(t) or ["    pass"]
     cols = "\n".join(f"        {p} = P[{i}, _i]" for i, p in enumerate(params))
@@ -202,7 +205,12 @@ def transition_source(t: Transition) -> str:
             + f"        if not g_{t.name}({_sig(*params)}):\n"
             f"            return _i\n"
             f"        e_{t.name}({_sig(*params)})\n"
-            f"    return n\n" + repeat_source(t))
+            f"    return n\n\n\n"
+            f"@njit(cache=True)\ndef one_{t.name}({_sig(*params)}):\n"
+            + "".join(f"    if {p} < 0 or {p} >= B.shape[1] - 1:\n        return False\n"
+                      for p in params if PARAM_KINDS.get(p) == "block")
+            + f"    if not g_{t.name}({_sig(*params)}):\n        return False\n"
+            f"    e_{t.name}({_sig(*params)})\n    return True\n" + repeat_source(t))
 
 
 def repeat_source(t: Transition) -> str:

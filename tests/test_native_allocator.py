@@ -214,14 +214,15 @@ def test_growth_makes_room_in_the_holds_set_first():
     ("rule_commit_bounds", "(new_q < issued_q)", "(new_q <= issued_q)"),
     ("g_takeable", "<= M[", "< M["),
     ("g_cache_due", "(X[h] == -1)", "(X[h] != -2)"),
+    ("one_close_holder", "    return True", "    return False"),
     ("e_complete", "discard_launch(M, ", "add_launch(M, "),
     ("clock_each", "(L < M[6 + 0])", "(L <= M[6 + 0])"),
 ])
 def test_generated_rules_and_clock_that_differ_from_the_spec_are_refused(
         monkeypatch, tmp_path, wrong):
-    """A generated module whose commit rule, takeable, cache_due, complete or clock
-    invariants differ from the spec fails the self-check: no pool (and no native allocator)
-    is built on it."""
+    """A generated module whose commit rule, takeable, cache_due, complete, clock invariants
+    or one-call close differ from the spec fails the self-check: no pool (and no native
+    allocator) is built on it."""
     name, old, new = wrong
     real = native_source.module_source
 
