@@ -28,6 +28,7 @@ from pagedkv.spec import (
     PoolState,
     RequestState,
     Transition,
+    cache_due,
     takeable,
     violations,
 )
@@ -716,7 +717,7 @@ class BlockAllocator(RequestBook):
         the cache."""
         B, caching = self.block_size, self.prefix_caching
         pool = self.pool
-        state, hmap = pool.state, pool.hmap
+        due = pool.predicate(cache_due, ("b", "h"))
         for req, num_tokens in pairs:
             first, full = req.computed // B, num_tokens // B
             req.computed = num_tokens  # every committed token is known: its block hash exists
@@ -727,7 +728,7 @@ class BlockAllocator(RequestBook):
             # later block's parent is a hash), so none of these commits makes another's hash
             # cached.
             commits = [(table[i], rid, hashes[i]) for i in range(first, full)
-                       if state[table[i]] == PUBLISHED and hashes[i] not in hmap]
+                       if due(table[i], hashes[i])]
             if commits:  # one compiled batch of the spec's commit (as these one by one)
                 pool.run_many("commit", commits)
 

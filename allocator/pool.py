@@ -728,7 +728,11 @@ class BlockPool(PoolStorage):
         not an earlier request cached the same content (vLLM's ``cache_full_blocks``). The
         hashes are checked first; a bad block id, or a due block whose ``commit`` is refused,
         raises, the commits before it staying."""
-        blocks, hashes = list(blocks), list(hashes)
+        try:
+            blocks, hashes = list(blocks), list(hashes)
+        except TypeError:
+            raise InvalidArgument("cache_many takes a sequence of block ids and one of "
+                                  "hashes") from None
         if len(blocks) != len(hashes):
             raise InvalidArgument(f"cache_many needs one hash per block: {len(hashes)} "
                                   f"hashes for {len(blocks)} blocks")
