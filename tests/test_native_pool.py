@@ -461,6 +461,7 @@ def pool():
     (lambda p: p.cache_many("a", [0, 1], [77, -5]), InvalidArgument),
     (lambda p: p.cache_many("a", [0], {77}), InvalidArgument),
     (lambda p: p.cache_many("a", [9], [77]), InvalidArgument),
+    (lambda p: p.cache_many("a", [8], [77]), InvalidArgument),  # the queue's sentinel column
     (lambda p: p.cache_many("a", [0.0], [77]), InvalidArgument),
     (lambda p: p.cache_many(["unhashable"], [0], [77]), InvalidArgument),
     (lambda p: p.share_prefix(["unhashable"], [77]), InvalidArgument),
