@@ -356,10 +356,6 @@ EQUIVALENT: dict[str, str] = {
        "block needed and nothing to reclaim, and sets the same positions reserved and totals"
        for new in ("req.reserved < num_tokens <= len(req.table)",
                    "req.reserved <= num_tokens < len(req.table)")},
-    "allocator/allocator.py:_commit:drop-and-clause:if state[table[i]] == PUBLISHED and "
-    "hashes[i] not in hmap] -> if True and hashes[i] not in hmap]":
-        "a table entry in [first, full) is PUBLISHED or REFERENCED under its own chain hash "
-        "(committed, hit or forked), so its hash is missing from the map only if PUBLISHED",
     "allocator/allocator.py:publish:cmp:fresh = [(b, req.rid) for req in reqs if req.published "
     "< len(req.table) -> fresh = [(b, req.rid) for req in reqs if req.published <= "
     "len(req.table)":
