@@ -14,8 +14,6 @@ from typing import Any
 
 from numba import types
 
-from .native_source import NATIVE, ONE
-
 I64 = types.int64
 VEC = types.Array(types.int64, 1, "C")  # a contiguous int64 vector (np.empty(n, np.int64))
 ANY_VEC = types.Array(types.int64, 1, "A")  # any int64 vector: a view, reversed, strided
@@ -34,28 +32,55 @@ def entry(loop: Any, *arg_types: Any) -> Callable[..., Any]:
     return compiled
 
 
+# The pool loops' argument types: the pool's own arrays, caller block lists as ``ANY_VEC``.
+POOL_SIGNATURES: dict[str, tuple[Any, ...]] = {
+    "take_many": (*POOL, I64, I64, VEC, MAT),
+    "release_many": (*POOL, I64, ANY_VEC, I64, MAT),
+    "share_many": (*POOL, I64, ANY_VEC, I64),
+    "end_write_many": (*POOL, ANY_VEC, I64),
+    "first_failing": (*POOL, ANY_VEC, I64),
+    "registered_prefix": (VEC, VEC, I64, VEC),
+    "cache_many": (*POOL, I64, ANY_VEC, VEC, I64),
+    "share_prefix": (*POOL, I64, VEC, I64, VEC),
+    # each_<name>(B, M, H, K, X, blocks, n, <the other parameters>): only the block varies
+    "each_publish": (*POOL, ANY_VEC, I64, I64),
+    "each_begin_write": (*POOL, ANY_VEC, I64, I64, I64),
+}
+
+
+class _Entries(dict):  # type: ignore[type-arg]
+    """Entry points by transition name, each made on first use."""
+
+    def __init__(self, make: Callable[[str], Callable[..., Any]]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, name: str) -> Callable[..., Any]:
+        fn = self[name] = self._make(name)
+        return fn
+
+
 class PoolLoops:
     """The generated module's pool loops a ``NativePool`` calls on its hot paths, as entry
-    points for the argument types it passes them (its own arrays; caller block lists as
-    ``ANY_VEC``). One per module (``pool_loops``)."""
+    points for the argument types it passes them (``POOL_SIGNATURES``; ``run[name]``:
+    ``run_<name>`` over a parameter matrix, ``one[name]``: ``one_<name>`` on one scalar).
+    Each is made on first use: numba loads it from its cache then (tens of milliseconds), so
+    a process pays only for the calls it makes. One per module (``pool_loops``)."""
 
     def __init__(self, mod: Any) -> None:
-        self.take_many = entry(mod.take_many, *POOL, I64, I64, VEC, MAT)
-        self.release_many = entry(mod.release_many, *POOL, I64, ANY_VEC, I64, MAT)
-        self.share_many = entry(mod.share_many, *POOL, I64, ANY_VEC, I64)
-        self.end_write_many = entry(mod.end_write_many, *POOL, ANY_VEC, I64)
-        self.first_failing = entry(mod.first_failing, *POOL, ANY_VEC, I64)
-        self.registered_prefix = entry(mod.registered_prefix, VEC, VEC, I64, VEC)
-        self.cache_many = entry(mod.cache_many, *POOL, I64, ANY_VEC, VEC, I64)
-        self.share_prefix = entry(mod.share_prefix, *POOL, I64, VEC, I64, VEC)
-        # each_<name>(B, M, H, K, X, blocks, n, <the other parameters>): only the block varies
-        self.each_publish = entry(mod.each_publish, *POOL, ANY_VEC, I64, I64)
-        self.each_begin_write = entry(mod.each_begin_write, *POOL, ANY_VEC, I64, I64, I64)
-        # run_<name>(B, M, H, K, X, P, n): P's rows are the transition's parameters
-        self.run = {name: entry(getattr(mod, f"run_{name}"), *POOL, MAT, I64)
-                    for name in NATIVE}
-        # one_<name>(B, M, H, K, X, <its one parameter>): the transition once
-        self.one = {name: entry(getattr(mod, f"one_{name}"), *POOL, I64) for name in ONE}
+        self._mod = mod
+        self.run = _Entries(lambda name: entry(getattr(mod, f"run_{name}"), *POOL, MAT, I64))
+        self.one = _Entries(lambda name: entry(getattr(mod, f"one_{name}"), *POOL, I64))
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """(Called for a loop not made yet: made, then kept as an attribute.)"""
+        try:
+            arg_types = POOL_SIGNATURES[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        fn = entry(getattr(self._mod, name), *arg_types)
+        setattr(self, name, fn)
+        return fn
 
 
 def pool_loops(mod: Any) -> PoolLoops:
