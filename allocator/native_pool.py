@@ -273,6 +273,7 @@ class NativePool:
         # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).
         self._scratch = np.empty((3, 64), np.int64)
         self._one_block = np.empty(1, np.int64)  # take's output, release's input
+        self._param = np.empty((1, 1), np.int64)  # a clock transition's one parameter
         self._keys_half = len(self.K) // 2
         from .native_entry import pool_loops  # (numba's: imported once the module is)
 
@@ -456,7 +457,9 @@ class NativePool:
     def _clock_step(self, name: str, L: int) -> None:
         """A launch-clock transition (launch, complete) of launch L, natively: the spec's
         guard and effect; in checked mode the clock invariants are evaluated after it."""
-        if not self._one[name](self.B, self.M, self.H, self.K, self.X, L):
+        P = self._param
+        P[0, 0] = L
+        if self._runs[name](self.B, self.M, self.H, self.K, self.X, P, 1) != 1:
             self._refuse(name, L=L)
         self._check_clock(name, L)
 

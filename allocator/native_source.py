@@ -20,9 +20,9 @@ built: what runs is the spec's own guard and effect. ``module_source`` writes th
 ``g_<name>`` (guard) and ``e_<name>`` (effect: every value it stores is read into a local
 first, on the pre-state, as the spec's effect reads its pre-state) per transition, plus
 ``run_<name>`` (guard then effect per column of a parameter matrix, stopping at the first
-refusal), ``one_<name>`` (once, on scalar arguments) and, where only the block varies,
-``each_<name>`` (the same over a block vector), the fused local invariants, and the pool's
-policy loops (``native_policy.py``, ``native_clock.py``).
+refusal), for those a pool calls so ``one_<name>`` (once, on scalar arguments) and
+``each_<name>`` (over a block vector, the other parameters fixed), the fused local
+invariants, and the pool's policy loops (``native_policy.py``, ``native_clock.py``).
 """
 
 from __future__ import annotations
@@ -62,8 +62,11 @@ LAUNCH_EMPTY, LAUNCH_TOMB = -(2**63), -(2**63) + 1
 NATIVE = ("allocate", "publish", "begin_write", "end_write", "rewind", "commit", "share",
           "release", "evict", "recycle", "open_holder", "close_holder", "launch", "complete",
           "advance")
-# Those a pool calls once on scalar arguments (``one_<name>``), held to ``run_<name>`` too.
-ONE = ("open_holder", "close_holder", "launch", "complete")
+# Those a pool calls once on scalar arguments (``one_<name>``, held to ``run_<name>`` too),
+# and those it runs on a block vector with the other parameters fixed (``each_<name>``): only
+# these are generated (each generated function costs its dispatcher at every module load).
+ONE = ("open_holder", "close_holder")
+EACH = ("publish", "begin_write")
 
 
 def read(field: str, *keys: str) -> str:
@@ -188,8 +191,8 @@ GEOMETRY = "    num_blocks = B.shape[1] - 1\n    block_size = M[BLOCK_SIZE]\n"
 
 
 def transition_source(t: Transition) -> str:
-    """``g_<name>``, ``e_<name>``, ``run_<name>``, ``one_<name>`` (the transition once, its
-    parameters as arguments: whether it ran) and ``each_<name>`` of one transition."""
+    """``g_<name>``, ``e_<name>`` and ``run_<name>`` of one transition, and its ``one_<name>``
+    and ``each_<name>`` where a pool calls them (``ONE``, ``EACH``)."""
     params = t.params
     body = effect_lines(t) or ["    pass"]
     cols = "\n".join(f"        {p} = P[{i}, _i]" for i, p in enumerate(params))
@@ -205,23 +208,31 @@ def transition_source(t: Transition) -> str:
             + f"        if not g_{t.name}({_sig(*params)}):\n"
             f"            return _i\n"
             f"        e_{t.name}({_sig(*params)})\n"
-            f"    return n\n\n\n"
-            f"@njit(cache=True)\ndef one_{t.name}({_sig(*params)}):\n"
+            f"    return n\n"
+            + (one_source(t) if t.name in ONE else "")
+            + (repeat_source(t) if t.name in EACH else ""))
+
+
+def one_source(t: Transition) -> str:
+    """``one_<name>(B, M, H, K, X, <its parameters>)``: the transition once, on scalar
+    arguments; whether it ran."""
+    params = t.params
+    return (f"\n\n@njit(cache=True)\ndef one_{t.name}({_sig(*params)}):\n"
             + "".join(f"    if {p} < 0 or {p} >= B.shape[1] - 1:\n        return False\n"
                       for p in params if PARAM_KINDS.get(p) == "block")
             + f"    if not g_{t.name}({_sig(*params)}):\n        return False\n"
-            f"    e_{t.name}({_sig(*params)})\n    return True\n" + repeat_source(t))
+            f"    e_{t.name}({_sig(*params)})\n    return True\n")
 
 
 def repeat_source(t: Transition) -> str:
     """``each_<name>(B, M, H, K, X, blocks, n, <the other parameters>)``: the transition on
     each of ``blocks[:n]`` in order, the other parameters the same for every block, stopping
-    at the first refusal (returns how many ran). Only for transitions whose first parameter
-    is the block and whose others are not blocks; empty otherwise."""
+    at the first refusal (returns how many ran). For a transition whose first parameter is
+    the block and whose others are not blocks."""
     params = t.params
     if not params or params[0] != "b" or any(PARAM_KINDS.get(p) == "block"
                                              for p in params[1:]):
-        return ""
+        raise ValueError(f"each_{t.name}: its block is not its only block parameter, first")
     return (f"\n\n@njit(cache=True)\ndef each_{t.name}({_sig('blocks', 'n', *params[1:])}):\n"
             f"    for _i in range(n):\n        b = blocks[_i]\n"
             f"        if b < 0 or b >= B.shape[1] - 1 or not g_{t.name}({_sig(*params)}):\n"
