@@ -656,13 +656,9 @@ class NativePool:
         admission's prefix hits: revived if cached), as an int64 array. Stops at the first
         refused share (raised; the blocks before it stay shared)."""
         slot = self._holder(r)
-        try:
-            first = self._hslot.get(hashes[0], 0) if len(hashes) else 0
-        except TypeError:
-            raise InvalidArgument("hashes must be a sequence of hashable digests") from None
-        if self.X[first] == NO_BLOCK:  # a request sharing no prefix: none of the rest is read
+        slots = self._prefix_slots(hashes)
+        if slots is None:
             return _NONE
-        slots = self._slots_of(hashes)
         n = len(slots)
         self._room_for_keys(n)
         out = np.empty(n, _INT64)
@@ -851,16 +847,23 @@ class NativePool:
         (what an admission shares: a prefix hit stops at the first miss)."""
         return self._leading(hashes)[0]
 
-    def _leading(self, hashes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """``prefix_hits``, and the hash slots of the blocks found. The first digest is read
-        alone: where it misses (a request sharing no prefix), none of the rest is."""
+    def _prefix_slots(self, hashes: Sequence[int]) -> np.ndarray | None:
+        """The hash slots of ``hashes``, or None where the first names no block. The first
+        digest is read alone: where it misses (a request sharing no prefix), none of the
+        rest is."""
         try:
             first = self._hslot.get(hashes[0], 0) if len(hashes) else 0
         except TypeError:
             raise InvalidArgument("hashes must be a sequence of hashable digests") from None
         if self.X[first] == NO_BLOCK:
+            return None
+        return self._slots_of(hashes)
+
+    def _leading(self, hashes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``prefix_hits``, and the hash slots of the blocks found (``_prefix_slots``)."""
+        slots = self._prefix_slots(hashes)
+        if slots is None:
             return _NONE, _NONE
-        slots = self._slots_of(hashes)
         n = len(slots)
         out = np.empty(n, _INT64)
         k = self._loops.registered_prefix(self.X, slots, n, out)
