@@ -201,6 +201,9 @@ class RequestBook:
     prefix_caching: bool
     spec: RequestSpec
     pool: Any
+    # A chain's digests without the memo (``hashing.chain_digests``; ``NativeAllocator``'s is
+    # ``native_hash.chain_digests``, the same digests natively).
+    _chain_digests = staticmethod(chain_digests)
 
     def _extend_hashes(self, req: _Request) -> None:
         """Hash the request's blocks its known tokens filled since (memoized)."""
@@ -274,7 +277,7 @@ class RequestBook:
         data, w = pack_tokens(tokens), 8 * self.block_size  # encoded once, cut per block
         salt_b = None if first or salt is None else salt_bytes(salt)
         if self._hash_memo is None:
-            return chain_digests(parent, data, w, len(data) // w, keys, salt_b)
+            return self._chain_digests(parent, data, w, len(data) // w, keys, salt_b)
         out: list[int] = []
         for i in range(len(data) // w):
             parent = self._memo_digest(parent, data[i * w:(i + 1) * w], keys,

@@ -250,6 +250,13 @@ def digest(
     return chain_digests(parent, tokens, len(tokens), 1, keys, salt)[0]
 
 
+def block_tails(keys: tuple[str | int | bytes, ...], salt: bytes | None) -> tuple[bytes, bytes]:
+    """The fields a chain's blocks end with, after their tokens: (a later block's: the keys;
+    the first block's: the salt if any, then the keys)."""
+    tail = b"".join(frame(*_encode_key(k)) for k in keys) if keys else b""
+    return tail, tail if salt is None else frame(KIND_SALT, salt) + tail
+
+
 def chain_digests(
     parent: int, data: bytes, width: int, count: int, keys: tuple[str | int | bytes, ...],
     salt: bytes | None,
@@ -259,8 +266,7 @@ def chain_digests(
     the first), the salt in the first block only, the keys in every one. The parent is carried
     as the digest's bytes, so a block costs one sha256 and little else."""
     head = _known_header(KIND_TOKENS, width)
-    tail = b"".join(frame(*_encode_key(k)) for k in keys) if keys else b""
-    first_tail = tail if salt is None else frame(KIND_SALT, salt) + tail
+    tail, first_tail = block_tails(keys, salt)
     parent_bytes = parent.to_bytes(32, "big")
     out: list[int] = []
     for i in range(count):

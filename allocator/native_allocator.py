@@ -32,6 +32,7 @@ import numpy as np
 from pagedkv.spec import Transition, initial_request_state, violations
 from pagedkv.spec.request_spec import REQUEST_SPEC, RequestSpec, as_request_spec
 
+from . import native_hash
 from .allocator import (
     _I64_MAX,
     _I64_MIN,
@@ -128,6 +129,7 @@ class NativeAllocator(RequestBook):
         # No memo: with the parent carried as bytes (hashing.chain_digests) a block's sha256
         # costs less than a memo's lookup and upkeep, and no front door hashes twice here.
         self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = None
+        self._chain_digests = native_hash.chain_digests
         self._inflight: dict[int, Launch] = {}
         self._written: dict[int, np.ndarray] = {}  # the blocks each launch in flight writes
         # The tables twice: T for the native loops, and as the int32 rows launches copy
