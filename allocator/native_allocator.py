@@ -51,8 +51,12 @@ from .errors import (
 )
 from .hashing import normalize_extra_keys
 from .launch import Launch, LaunchAlreadyCompleted
-from .native_pool import ROW, NativePool, _consume, native_module
+from .native_pool import _NONE, ROW, NativePool, _consume, native_module
 from .native_steps import (  # the row layout the generated module was pasted with
+    FUSED_DONE,
+    FUSED_LAUNCH_ROOM,
+    FUSED_PLAN,
+    FUSED_SCRATCH,
     R_COMPUTED,
     R_FIELDS,
     R_HOLDER,
@@ -60,6 +64,7 @@ from .native_steps import (  # the row layout the generated module was pasted wi
     R_KNOWN,
     R_RESERVED,
     R_TLEN,
+    STEP_OK,
 )
 from .request_view import materialize, request_view
 from .table import MAX_COUNT, check_count
@@ -379,9 +384,10 @@ class NativeAllocator(RequestBook):
                 self.pool._room_for_keys(found[2])
             else:
                 break
-        ok = found[1] == self.mod.STEP_OK
-        self._after_growth([self._requests[rid] for rid in rids] if not ok else (),
-                           (-1 if ok else found[0], *found[1:]))
+        ok = found[1] == STEP_OK
+        if not ok or found[3] or self.checked:  # (else: no evictions, nothing to check)
+            self._after_growth([self._requests[rid] for rid in rids] if not ok else (),
+                               (-1 if ok else found[0], *found[1:]))
         if not found[2]:  # no table grew (blocks touched: none): a decode step's pass
             return [[] for _ in range(found[0])]
         return self._entries_of_rows(rows, grown, found[0])
@@ -442,7 +448,10 @@ class NativeAllocator(RequestBook):
             start, limit = 0, self.spec.hit_limit(counts[0], counts[1], self.block_size)
         else:
             start, limit = len(memo.hits), memo.limit
-        found, slots = pool._leading(req.hashes[start:limit])
+        if start >= limit or pool.misses(req.hashes[start]):  # (the usual miss, read alone)
+            found = slots = _NONE
+        else:
+            found, slots = pool._leading(req.hashes[start:limit])
         if not len(found):
             req.hit_memo = memo or _HitMemo(counts, slots, slots, slots, [], limit)
             return list(memo.hits) if memo else []
@@ -613,8 +622,15 @@ class NativeAllocator(RequestBook):
             failed, refused, advanced, i, status, _, nf = self._steps.complete_and_commit(
                 *self._arrays, written, len(written), L, rows, n, news, self._filled)
         else:
-            L, written, issued, news, (failed, refused, advanced, i, status, _, nf) = \
-                self._launch_complete(rids, rows)
+            stop, plan, issue, done = self._launch_complete(rows, n)
+            failed, refused, advanced, i, status, _, nf = done
+            if stop == FUSED_DONE and failed < 0 and not refused and status == STEP_OK:
+                # (a step's launch, all its commits made: unchecked, nothing refused)
+                self._after_advance(advanced)
+                if self.prefix_caching and nf:
+                    self._cache_filled(rids, rows, self._filled, int(nf))
+                return
+            L, written, issued, news = self._after_fused(rids, rows, n, stop, plan, issue)
         if failed >= 0 or refused:
             self._launch_of(rids, rows, *issued())
         self._check_completion(L, written, failed, refused)
@@ -625,32 +641,40 @@ class NativeAllocator(RequestBook):
         if self.prefix_caching and nf:
             self._cache_filled(rids, rows, self._filled, nf)
 
-    def _launch_complete(self, rids: tuple[Hashable, ...], rows: np.ndarray) -> tuple[Any, ...]:
-        """``_issue`` then ``complete_and_commit`` in one native call (unchecked mode): (the
-        launch number, its writes, a function of no arguments returning ``_issue``'s results,
-        the commits' counts, ``complete_and_commit``'s results)."""
-        n = len(rows)
+    def _launch_complete(self, rows: np.ndarray, n: int) -> tuple[Any, ...]:
+        """``_issue`` then ``complete_and_commit`` in one native call (unchecked mode), on
+        the kept scratch vectors (``_fused``), widened or the launch set given room first
+        where the call stops for them: ``launch_complete_commit``'s results."""
         while True:
             slots, starts, lens, written, news = bufs = self._fused
             if len(starts) < n:
                 self._fused = [slots, *(np.empty(2 * n, np.int64) for _ in range(4))]
                 continue
-            stop, plan, issue, done = self._steps.launch_complete_commit(
+            found = self._steps.launch_complete_commit(
                 *self._arrays, rows, n, slots, starts, lens, written, news, self._filled)
-            if stop == self.mod.FUSED_SCRATCH:  # (nothing changed: again, on wider ones)
+            stop, plan = found[0], found[1]
+            if stop == FUSED_SCRATCH:  # (nothing changed: again, on wider ones)
                 bufs[0] = np.empty(2 * max(plan[2], len(slots)), np.int64)
                 bufs[3] = np.empty(2 * max(plan[3], len(written)), np.int64)
                 continue
-            if stop == self.mod.FUSED_LAUNCH_ROOM:
+            if stop == FUSED_LAUNCH_ROOM:
                 self.pool._room_for_launch()
                 continue
-            break
-        if stop == self.mod.FUSED_PLAN:
+            return found
+
+    def _after_fused(self, rids: tuple[Hashable, ...], rows: np.ndarray, n: int, stop: int,
+                        plan: tuple[int, ...], issue: tuple[int, ...]) -> tuple[Any, ...]:
+        """A fused launch that did not end in the common case: its refusal raised (its
+        plan's, its issue's), else what a refused completion or commit needs: (the launch
+        number, its writes, a function of no arguments returning ``_issue``'s results, the
+        commits' counts)."""
+        if stop == FUSED_PLAN:
             self._refuse_plan(rids[plan[0]], plan[1])
+        slots, starts, lens, written, news = self._fused
         self._after_issue(rids, written, issue)  # (FUSED_ISSUE: its refusal)
         npos, longest, L, ws = plan[2], plan[4], issue[4], written[:issue[5]]
         return L, ws, lambda: (L, ws.copy(), slots[:npos].copy(), starts[:n].copy(),
-                               lens[:n].copy(), longest), news[:n], done
+                               lens[:n].copy(), longest), news[:n]
 
     @property
     def inflight(self) -> tuple[Launch, ...]:

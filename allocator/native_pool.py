@@ -804,6 +804,8 @@ class NativePool:
         return n
 
     def _drain(self) -> None:
+        if not self.retire_queue:  # (a step's launch that freed nothing while in flight)
+            return
         q, retire, state = self.retire_queue, self.B[ROW["retire"]], self.B[ROW["state"]]
         watermark = self.M[CLOCK0 + WATERMARK]
         reclaimed: list[int] = []
@@ -846,6 +848,10 @@ class NativePool:
         """The blocks of the leading hashes that are registered, up to the first that is not
         (what an admission shares: a prefix hit stops at the first miss)."""
         return self._leading(hashes)[0]
+
+    def misses(self, h: int) -> bool:
+        """Whether no block is registered under the digest h (an int: no check)."""
+        return self.X.item(self._hslot.get(h, 0)) == NO_BLOCK
 
     def _prefix_slots(self, hashes: Sequence[int]) -> np.ndarray | None:
         """The hash slots of ``hashes``, or None where the first names no block. The first

@@ -106,6 +106,7 @@ class NativeDriver:
         self._last = _NO_BATCH
         self._computed = np.zeros(self.alloc.R.shape[1], np.int64)
         self._one = np.zeros((3, 1), np.int64)  # one request's row, base and count
+        self._advancing = np.empty(64, np.int64)  # check_commits' output (commit_many's)
         self._check_commits = entry(check_commits, MAT, ANY_VEC, ANY_VEC, VEC, I64, VEC)
         self._stats = AdmissionStats()
 
@@ -243,9 +244,10 @@ class NativeDriver:
             got = alloc.grow_running(rows_a, self._computed[rows_a],
                                      np.array(counts, np.int64), rids)
         if got:
-            grown = rids[:len(got)]
+            grown = rids if len(got) == len(rids) else rids[:len(got)]
             self._scheduled.update(dict.fromkeys(grown))
-            self._launched.difference_update(grown)
+            if self._launched:  # (empty until the step's first commit)
+                self._launched.difference_update(grown)
         return got
 
     def _running_rows(self, rids: list[Any]) -> list[int] | None:
@@ -321,21 +323,31 @@ class NativeDriver:
             if news and set(map(type, news)) != {int}:
                 bad = next(i for i, n in enumerate(news) if type(n) is not int)
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
+            n = len(rows)
             news_a = np.array(news, np.int64)
-            advancing = np.empty(len(rows), np.int64)
-            bad, k = self._check_commits(alloc.R, rows_a, news_a, self._computed, len(rows),
-                                   advancing)
+            if len(self._advancing) < n:
+                self._advancing = np.empty(2 * n, np.int64)
+            bad, k = self._check_commits(alloc.R, rows_a, news_a, self._computed, n,
+                                         self._advancing)
             if bad >= 0:
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
-            launched = self._launched
-            ahead = advancing[:k].tolist()
-            if ahead and rids[ahead[0]] not in launched:
-                self._launch_for(rids[ahead[0]])  # the step's launch: all are in it, usually
-            if not launched.issuperset(map(rids.__getitem__, ahead)):
-                for i in ahead:
-                    if rids[i] not in launched:
-                        self._launch_for(rids[i])
+            if k:
+                self._launch_covering(rids, k)
             self._computed[rows_a] = news_a
+
+    def _launch_covering(self, rids: list[Any], k: int) -> None:
+        """The launches that cover the ``k`` commits past their computed positions (their
+        indices in ``_advancing``): the step's launch, run by the first of them if none
+        covers it yet (all are in it, usually), then one for each still uncovered."""
+        launched = self._launched
+        first = rids[self._advancing.item(0)]
+        if first not in launched:
+            self._launch_for(first)
+        ahead = rids if k == len(rids) else [rids[i] for i in self._advancing[:k].tolist()]
+        if not launched.issuperset(ahead):
+            for rid in ahead:
+                if rid not in launched:
+                    self._launch_for(rid)
 
     def _launch_for(self, rid: Hashable) -> None:
         """A commit of ``rid`` past its computed positions that no launch of this step
