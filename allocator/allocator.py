@@ -8,6 +8,7 @@ refused call raises a typed ``AllocatorError`` and changes nothing.
 from __future__ import annotations
 
 import inspect
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -55,6 +56,7 @@ from .hashing import (
     digest,
     encode_tokens,
     normalize_extra_keys,
+    pack_native,
     pack_tokens,
     salt_bytes,
 )
@@ -163,12 +165,14 @@ def _check_tokens(token_ids: Iterable[int]) -> list[int]:
         if type(t) is int and _I64_MIN <= t <= _I64_MAX:
             return [t]
     tokens = _ordered(token_ids, "token ids")
-    if not set(map(type, tokens)) <= {int}:  # fast path: plain ints need no conversion
+    if list(map(type, tokens)).count(int) != len(tokens):  # plain ints need no conversion
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, int | np.integer):
                 raise InvalidArgument(f"token ids must be ints, got {type(t).__name__}")
         tokens = [int(t) for t in tokens]
-    if tokens and (min(tokens) < _I64_MIN or max(tokens) > _I64_MAX):
+    try:  # (one pass at C speed: the int64 range, as min() and max() would check it in two)
+        pack_native(tokens)
+    except (struct.error, OverflowError):
         encode_tokens(tokens)  # raises the range error
     return tokens
 
@@ -201,10 +205,6 @@ class RequestBook:
     prefix_caching: bool
     spec: RequestSpec
     pool: Any
-    # A chain's digests without the memo (``hashing.chain_digests``; ``NativeAllocator``'s is
-    # ``native_hash.chain_digests``, the same digests natively).
-    _chain_digests = staticmethod(chain_digests)
-
     def _extend_hashes(self, req: _Request) -> None:
         """Hash the request's blocks its known tokens filled since (memoized)."""
         B, tokens, hashes = self.block_size, req.tokens, req.hashes
@@ -277,7 +277,7 @@ class RequestBook:
         data, w = pack_tokens(tokens), 8 * self.block_size  # encoded once, cut per block
         salt_b = None if first or salt is None else salt_bytes(salt)
         if self._hash_memo is None:
-            return self._chain_digests(parent, data, w, len(data) // w, keys, salt_b)
+            return chain_digests(parent, data, w, len(data) // w, keys, salt_b)
         out: list[int] = []
         for i in range(len(data) // w):
             parent = self._memo_digest(parent, data[i * w:(i + 1) * w], keys,

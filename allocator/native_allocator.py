@@ -49,7 +49,7 @@ from .errors import (
     OutOfBlocks,
     TokensUnknown,
 )
-from .hashing import normalize_extra_keys
+from .hashing import normalize_extra_keys, salt_bytes
 from .launch import Launch, LaunchAlreadyCompleted
 from .native_pool import _NONE, ROW, NativePool, _consume, native_module
 from .native_steps import (  # the row layout the generated module was pasted with
@@ -131,10 +131,9 @@ class NativeAllocator(RequestBook):
         self.checked = self.pool.checked
         self._lock = threading.RLock()
         self._requests: dict[Hashable, _NativeRequest] = {}
-        # No memo: with the parent carried as bytes (hashing.chain_digests) a block's sha256
-        # costs less than a memo's lookup and upkeep, and no front door hashes twice here.
+        # No memo: a block's native sha256 (``_chain``) costs less than a memo's lookup and
+        # upkeep, and no front door hashes twice here.
         self._hash_memo: OrderedDict[tuple[Any, ...], int] | None = None
-        self._chain_digests = native_hash.chain_digests
         self._inflight: dict[int, Launch] = {}
         self._written: dict[int, np.ndarray] = {}  # the blocks each launch in flight writes
         # The tables twice: T for the native loops, and as the int32 rows launches copy
@@ -209,6 +208,12 @@ class NativeAllocator(RequestBook):
         prompt tokens the cache has now."""
         return len(self._hits(self._register(rid, token_ids, cache_salt, extra_keys))) * (
             self.block_size)
+
+    def _chain(self, parent: int, tokens: list[int], first: int, keys: tuple[Any, ...],
+               salt: str | bytes | None) -> list[int]:
+        """``RequestBook._chain`` without a memo, natively (``native_hash.chain_tokens``)."""
+        return native_hash.chain_tokens(parent, tokens, self.block_size, keys,
+                                        None if first or salt is None else salt_bytes(salt))
 
     def _register(self, rid: Hashable, token_ids: Sequence[int], cache_salt: Any,
                   extra_keys: Sequence[Any],

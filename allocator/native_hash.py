@@ -9,8 +9,8 @@ digests come back as one byte string, cut into ints by one ``struct`` call.
 
 The message, the parent's chaining and the rule that a zero digest stands for 1 are
 ``hashing.chain_digests``' (``tests/test_native_hash.py`` compares them on random chains, with
-keys and salts). Where libcrypto or its low-level symbols cannot be loaded, ``chain_digests``
-here is ``hashing.chain_digests`` itself (``NATIVE`` says which).
+keys and salts). Where libcrypto or its low-level symbols cannot be loaded, ``chain_tokens``
+hashes through ``hashing.chain_digests`` (``NATIVE`` says which).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from numba import types
 
 from . import hashing
-from .hashing import KIND_TOKENS, block_tails
+from .hashing import KIND_TOKENS, block_tails, pack_native, pack_tokens
 from .native_entry import entry
 
 _SYMBOLS = ("SHA256_Init", "SHA256_Update", "SHA256_Final")
@@ -58,7 +58,8 @@ _sha_final = types.ExternalFunction("SHA256_Final", types.int32(_PTR, _PTR))
 def _chain(head, at_parent, data, width, count, tail, first_tail, out):
     """Digest ``count`` blocks into ``out`` (32 bytes each). A block's message is ``head``
     (the fixed prefix, its parent's 32 bytes at ``at_parent``, the tokens' header), its
-    tokens (``data``), then block 0's ``first_tail`` or a later block's ``tail``; each
+    tokens (``data``: little-endian int64s, ``width`` bytes a block, written into the
+    message big-endian), then block 0's ``first_tail`` or a later block's ``tail``; each
     digest is the next block's parent. libcrypto's symbols are resolved by name when the
     code is linked (so numba caches it)."""
     at_tokens = len(head)
@@ -70,8 +71,8 @@ def _chain(head, at_parent, data, width, count, tail, first_tail, out):
     for i in range(count):
         t = first_tail if i == 0 else tail
         base = i * width
-        for k in range(width):
-            message[at_tokens + k] = data[base + k]
+        for k in range(width):  # each token's 8 bytes reversed: little- to big-endian
+            message[at_tokens + k] = data[base + (k ^ 7)]
         end = at_tokens + width
         for k in range(len(t)):
             message[end + k] = t[k]
@@ -110,18 +111,21 @@ def _cut(count: int) -> Callable[[bytes], tuple[bytes, ...]]:
     return struct.Struct("32s" * count).unpack
 
 
-def chain_digests(parent: int, data: bytes, width: int, count: int,
-                  keys: tuple[str | int | bytes, ...], salt: bytes | None) -> list[int]:
-    """``hashing.chain_digests`` (same arguments, same digests), natively."""
+def chain_tokens(parent: int, tokens: list[int], block_size: int,
+                 keys: tuple[str | int | bytes, ...], salt: bytes | None) -> list[int]:
+    """``hashing.chain_digests(parent, pack_tokens(tokens), 8 * block_size, ...)`` of checked
+    ``tokens`` (plain ints in int64 range, whole blocks of them): the same digests,
+    natively. The tokens are packed little-endian (``pack_native``, a third of big-endian
+    packing's time) and reversed into the messages natively."""
+    width, count = 8 * block_size, len(tokens) // block_size
     if _native is None:
-        return hashing.chain_digests(parent, data, width, count, keys, salt)
+        return hashing.chain_digests(parent, pack_tokens(tokens), width, count, keys, salt)
     tail, first_tail = block_tails(keys, salt)
     head = _PREFIX + parent.to_bytes(32, "big") + hashing._known_header(KIND_TOKENS, width)
     out = bytearray(32 * count)
-    _native(head, len(_PREFIX), data, width, count, tail, first_tail, out)
+    _native(head, len(_PREFIX), pack_native(tokens), width, count, tail, first_tail, out)
     if count == 1:
         return [int.from_bytes(out, "big")]
     return list(map(int.from_bytes, _cut(count)(out), ("big",) * count))
 
-
-__all__ = ["NATIVE", "chain_digests"]
+__all__ = ["NATIVE", "chain_tokens"]

@@ -1,4 +1,4 @@
-"""native_hash.chain_digests: hashing.chain_digests' digests, computed by libcrypto natively."""
+"""native_hash.chain_tokens: hashing.chain_digests' digests, computed by libcrypto natively."""
 
 from __future__ import annotations
 
@@ -19,12 +19,10 @@ KEYS = st.lists(st.one_of(st.text(max_size=12), st.integers(-(2**80), 2**80),
 
 
 def test_native_where_libcrypto_is() -> None:
-    """The native loop is used wherever a libcrypto is found (Python's hashlib needs one),
-    and the native allocator hashes through it."""
+    """The native loop is used wherever a libcrypto is found (Python's hashlib needs one)."""
     if ctypes.util.find_library("crypto") is None:  # pragma: no cover - no libcrypto here
         pytest.skip("no libcrypto on this machine")
     assert native_hash.NATIVE
-    assert NativeAllocator(8, 4, checked=False)._chain_digests is native_hash.chain_digests
 
 
 @settings(max_examples=200, deadline=None)
@@ -37,11 +35,10 @@ def test_same_digests_as_hashing(width_tokens: int, count: int, parent: int,
     the salt in the first block only, the keys in every one), on fresh random tokens."""
     rng = random.Random(seed)
     tokens = [rng.randrange(-(2**63), 2**63) for _ in range(width_tokens * count)]
-    data = hashing.pack_tokens(tokens)
-    width = 8 * width_tokens
     keys = hashing.normalize_extra_keys(keys)
-    expected = hashing.chain_digests(parent, data, width, count, keys, salt)
-    assert native_hash.chain_digests(parent, data, width, count, keys, salt) == expected
+    expected = hashing.chain_digests(parent, hashing.pack_tokens(tokens), 8 * width_tokens,
+                                     count, keys, salt)
+    assert native_hash.chain_tokens(parent, tokens, width_tokens, keys, salt) == expected
 
 
 def test_chain_hashes_of_a_request_agree() -> None:
@@ -53,8 +50,6 @@ def test_chain_hashes_of_a_request_agree() -> None:
     a.add_request("r", tokens, cache_salt="tenant", extra_keys=("lora-3",))
     expected = hashing.chain_hashes(tokens, 16, salt="tenant", extra_keys=("lora-3",))
     assert a._requests["r"].hashes == expected
-    head = native_hash.chain_digests(0, hashing.pack_tokens(tokens[:160]), 128, 10,
-                                     ("lora-3",), b"tenant")
-    rest = native_hash.chain_digests(head[-1], hashing.pack_tokens(tokens[160:640]), 128, 30,
-                                     ("lora-3",), None)
+    head = native_hash.chain_tokens(0, tokens[:160], 16, ("lora-3",), b"tenant")
+    rest = native_hash.chain_tokens(head[-1], tokens[160:640], 16, ("lora-3",), None)
     assert head + rest == expected
