@@ -51,6 +51,7 @@ from .errors import (
     UnknownRequest,
 )
 from .hashing import (
+    all_ints,
     chain_digests,
     check_parent,
     digest,
@@ -165,7 +166,7 @@ def _check_tokens(token_ids: Iterable[int]) -> list[int]:
         if type(t) is int and _I64_MIN <= t <= _I64_MAX:
             return [t]
     tokens = _ordered(token_ids, "token ids")
-    if list(map(type, tokens)).count(int) != len(tokens):  # plain ints need no conversion
+    if not all_ints(tokens):  # plain ints need no conversion
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, int | np.integer):
                 raise InvalidArgument(f"token ids must be ints, got {type(t).__name__}")

@@ -20,7 +20,6 @@ launch: ``Launch.complete()``), ``attach_pool``. Needs numba (``pagedkv[native]`
 from __future__ import annotations
 
 import itertools
-import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
@@ -34,8 +33,6 @@ from pagedkv.spec.request_spec import REQUEST_SPEC, RequestSpec, as_request_spec
 
 from . import native_hash
 from .allocator import (
-    _I64_MAX,
-    _I64_MIN,
     Abstraction,
     RequestBook,
     _check_tokens,
@@ -49,9 +46,9 @@ from .errors import (
     OutOfBlocks,
     TokensUnknown,
 )
-from .hashing import normalize_extra_keys, salt_bytes
+from .hashing import all_ints_in_int64, normalize_extra_keys, salt_bytes
 from .launch import Launch, LaunchAlreadyCompleted
-from .native_pool import _NONE, ROW, NativePool, _consume, native_module
+from .native_pool import _NONE, ROW, NativePool, native_module
 from .native_steps import (  # the row layout the generated module was pasted with
     FUSED_DONE,
     FUSED_LAUNCH_ROOM,
@@ -72,7 +69,6 @@ from .table_rows import TableRows, launch_width
 
 _NO_COPIES = np.empty((0, 2), np.int32)
 _NO_COPIES.flags.writeable = False
-_TOKENS = operator.attrgetter("tokens")
 _INT64 = np.dtype(np.int64)
 
 
@@ -417,15 +413,15 @@ class NativeAllocator(RequestBook):
         """One sampled token for each request record (each once: the caller's; ``rows``
         their rows if the caller has them), as ``append_tokens_many`` of one token each:
         every token is checked before any is recorded. Under the caller's lock."""
-        if tokens and (set(map(type, tokens)) != {int} or min(tokens) < _I64_MIN
-                       or max(tokens) > _I64_MAX):
+        if not all_ints_in_int64(tokens):
             _check_tokens(list(tokens))  # InvalidArgument, saying why
         if not reqs:
             return
         n = len(reqs)
         if len(tokens) != n:
             raise InvalidArgument(f"{n} requests but {len(tokens)} tokens")
-        _consume(map(list.append, map(_TOKENS, reqs), tokens))
+        for req, token in zip(reqs, tokens, strict=True):
+            req.tokens.append(token)
         if self._filled.shape[1] < n:
             self._filled = np.empty((3, 2 * n), np.int64)
         filled = self._filled[0]

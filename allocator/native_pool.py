@@ -27,7 +27,7 @@ import os
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -75,11 +75,6 @@ _KEYS_USED = ns.KEYS_USED
 _INT64 = np.dtype(np.int64)
 _NONE = np.empty(0, _INT64)
 _NONE.flags.writeable = False
-
-
-def _consume(it: Iterator[object]) -> None:
-    """Run an iterator of calls to its end at C speed (a zero-length deque keeps nothing)."""
-    deque(it, maxlen=0)
 
 
 class NativeUnavailable(AllocatorError, ImportError):

@@ -26,6 +26,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from pagedkv.allocator.hashing import all_ints
 from pagedkv.allocator.native_allocator import NativeAllocator
 from pagedkv.allocator.native_entry import ANY_VEC, I64, MAT, VEC, entry
 from pagedkv.allocator.native_steps import R_KNOWN, R_RESERVED
@@ -235,7 +236,7 @@ class NativeDriver:
         counts = list(num_new_tokens)
         rows = self._running_rows(rids)
         if (rows is None or len(counts) != len(rows) or not self._distinct(rows)
-                or (counts and (set(map(type, counts)) != {int} or min(counts) <= 0))):
+                or (counts and (not all_ints(counts) or min(counts) <= 0))):
             counts = self._refuse_running(rids, counts)
             rows = self._running_rows(rids)
         rows_a = self._rows_array(rows)
@@ -320,7 +321,7 @@ class NativeDriver:
         alloc = self.alloc
         with alloc._lock:
             rows_a = self._rows_array(rows)
-            if news and set(map(type, news)) != {int}:
+            if not all_ints(news):
                 bad = next(i for i, n in enumerate(news) if type(n) is not int)
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
             n = len(rows)
