@@ -35,7 +35,8 @@ Workloads (mirroring ../shared/anchors/vllm_blockpool/bench.py, which times vLLM
   ``begin_write_many``, ``end_write_many``, ``cache_many`` (commits where the spec's
   ``cache_due`` holds: vLLM's ``cache_full_blocks``) and ``release_many`` (reversed) per
   request; its mean hit length is checked (untimed) to equal the pool workload's.
-- hashing: pagedkv's block_hash on the requests' blocks (hashes/s), every block hashed.
+- hashing: pagedkv's block_hash on the requests' blocks (hashes/s), every block hashed; and
+  ``native_hash.chain_tokens`` (NativeAllocator's: a request's chain in one native call).
 
 Each figure is the best (minimum time) of ``--repeat`` timings. Checked and unchecked modes.
 Ratios use figures measured in this run: ``--with-vllm`` runs the anchor's own workload
@@ -300,9 +301,21 @@ def prefix_native(checked: bool, nreq: int, repeat: int,
     try:
         p = NativePool(PREFIX_POOL, B, checked=checked)
     except NativeUnavailable:
-        return {"hit_req_s": None, "life_req_s": None, "life_mean_hit_blocks": None}
+        return {"hit_req_s": None, "life_req_s": None, "life_mean_hit_blocks": None,
+                "hash_s": None}
+    from pagedkv.allocator.native_hash import chain_tokens
+
     toks = prefix_tokens(nreq)
     hashes = [chain(t) for t in toks]
+    fulls = [t[:len(t) // B * B] for t in toks]
+
+    def hash_loop() -> None:  # NativeAllocator's hashing: each request's chain in one call
+        for t in fulls:
+            chain_tokens(0, t, B, (), None)
+
+    t_hash = best_time(hash_loop, repeat)
+    if [chain_tokens(0, t, B, (), None) for t in fulls] != hashes:
+        raise ValueError("native chain hashing differs from block_hash")
     _native_request(p, 0, toks[0], hashes[0])  # warm: request 0 populates the prefix
 
     def hit_loop() -> None:
@@ -326,6 +339,7 @@ def prefix_native(checked: bool, nreq: int, repeat: int,
         "hit_req_s": nreq / t_hit,
         "life_req_s": (nreq - 1) / t_full,
         "life_mean_hit_blocks": mean_hit,
+        "hash_s": sum(map(len, hashes)) / t_hash,
     }
 
 
@@ -497,6 +511,8 @@ def build_rows(res: dict, anchor: dict | None) -> list[tuple[str, str, float | N
          pa["unchecked"]["hit_req_s"], pa["checked"]["hit_req_s"],
          1 / (1 / v_hit + hpr / v_hash) if v_hit and v_hash else None),
         ("sha256 block hashing", "hashes/s", pp["unchecked"]["hash_s"], None, v_hash),
+        ("sha256 block hashing, native chain (NativeAllocator's)", "hashes/s",
+         pn["unchecked"]["hash_s"], None, v_hash),
     ]
     return rows
 

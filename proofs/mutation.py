@@ -140,11 +140,6 @@ _FAST_COUNT = ("fast-path check: a value this lets through goes to check_count, 
                "int; only the fast path is skipped")
 _FAST_PARENT = ("fast-path check: a parent this lets through goes to _check_parent, which "
                 "repeats the full check (0 <= p < 2**256) and returns the same int")
-_FAST_TYPES = ("fast-path type test: a sequence this sends to the slow path holds only plain "
-               "types, which the slow path returns unchanged (equal values, same order)")
-_RANGE_RECHECK = ("the mutant also calls encode_tokens for tokens at (or inside) the int64 "
-                  "bounds; it raises only for a token outside them, which the original sends "
-                  "to it too, and its result is discarded")
 _WRITERS_REF1 = ("writers is read only by copies_needed: a block with ref 1 adds "
                  "min(k, ref - 1) = 0 to it, so counting its writers changes nothing")
 _ALIGNED = ("when issued is a multiple of B the entry at issued // B has never been published "
@@ -244,15 +239,6 @@ EQUIVALENT: dict[str, str] = {
         "_inflight (a completion pops it) under the lock just before, and an event whose "
         "query() completes a launch makes that scan of _inflight raise first (RuntimeError: "
         "dict changed size) in the original too",
-    "allocator/allocator.py:_check_tokens:cmp:if not set(map(type, tokens)) <= {int}:  # fast "
-    "path: plain ints need no conversion -> if not set(map(type, tokens)) < {int}:  # fast "
-    "path: plain ints need no conversion": _FAST_TYPES,
-    "allocator/allocator.py:_check_tokens:drop-and-clause:if tokens and (min(tokens) < "
-    "_I64_MIN or max(tokens) > _I64_MAX): -> if tokens and (True):": _RANGE_RECHECK,
-    **{f"allocator/allocator.py:_check_tokens:cmp:if tokens and (min(tokens) < _I64_MIN or "
-       f"max(tokens) > _I64_MAX): -> if tokens and ({new}):": _RANGE_RECHECK
-       for new in ("min(tokens) <= _I64_MIN or max(tokens) > _I64_MAX",
-                   "min(tokens) < _I64_MIN or max(tokens) >= _I64_MAX")},
     "allocator/allocator.py:publish:int+1:if req.issued < req.reserved and req.issued % B and "
     "holders.get(req.table[i], 0) > 1: -> if req.issued < req.reserved and req.issued % B and "
     "holders.get(req.table[i], 1) > 1:":

@@ -18,6 +18,8 @@ from pagedkv.allocator.hashing import (
     KIND_BYTES,
     KIND_INT,
     KIND_STR,
+    all_ints,
+    all_ints_in_int64,
     block_hash,
     chain_hashes,
     decode_fields,
@@ -25,6 +27,8 @@ from pagedkv.allocator.hashing import (
     encode_fields,
     encode_tokens,
     normalize_extra_keys,
+    pack_native,
+    pack_tokens,
 )
 
 TOKS = [1, 2, 3, 4]
@@ -303,3 +307,30 @@ def test_nan_and_inf_never_reach_struct():
         _refused(encode_tokens, [v])
         _refused(chain_hashes, TOKS, v)
         _refused(chain_hashes, TOKS, 2, start=v)
+
+
+@pytest.mark.parametrize("values,ints,in_range", [
+    ([], True, True),
+    ([0, -1, 2**63 - 1, -(2**63)], True, True),
+    ([3, 2**63], True, False),
+    ([-(2**63) - 1, 3], True, False),
+    ([3, True], False, False),
+    ([np.int64(3), 4], False, False),
+    ([3, 1.0], False, False),
+    ([3, None], False, False),
+])
+def test_the_step_paths_token_checks(values: list, ints: bool, in_range: bool) -> None:
+    """all_ints: every item exactly an int (bool and numpy integers are not); all_ints_in_int64:
+    that and each in int64 range (the checks the native step path runs before taking a step's
+    sampled tokens, and add_request's token check)."""
+    assert all_ints(values) is ints
+    assert all_ints_in_int64(values) is in_range
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40))
+def test_native_packing_is_big_endian_packing_reversed(tokens: list[int]) -> None:
+    """pack_native is pack_tokens with each token's 8 bytes reversed (what the native chain
+    hashing undoes per token)."""
+    big, little = pack_tokens(tokens), pack_native(tokens)
+    assert [big[i:i + 8] for i in range(0, len(big), 8)] == [
+        little[i:i + 8][::-1] for i in range(0, len(little), 8)]

@@ -147,13 +147,18 @@ def _state(d: native_driver.NativeDriver) -> Any:
     (lambda d: d.allocate_running(["r0", "r1"], [1, 0]), ValueError),
     (lambda d: d.allocate_running(["r0", "r1"], [1, -2]), ValueError),
     (lambda d: d.allocate_running(["r0", "r1"], [1, 2.5]), TypeError),
+    (lambda d: d.allocate_running(["r0", "r1"], [1, True]), TypeError),
     (lambda d: d.allocate_running(["r0", "r0"], [1, 1]), ValueError),
     (lambda d: d.allocate_running(["r0", "r1"], [1]), ValueError),
     (lambda d: d.commit_many([("r0", 7), ("r1", 99)]), ValueError),
     (lambda d: d.commit_many([("r0", 7), ("r1", 3)]), ValueError),
     (lambda d: d.commit_many([("r0", 7), ("r1", 6.5)]), ValueError),
+    (lambda d: d.commit_many([("r0", 7), ("r1", True)]), ValueError),
     (lambda d: d.append_many([("r0", 1), ("r0", 2)]), ValueError),
     (lambda d: d.append_many([("r0", 1), ("r1", "x")]), InvalidArgument),
+    (lambda d: d.append_many([("r0", 1), ("r1", True)]), InvalidArgument),
+    (lambda d: d.append_many([("r0", 1), ("r1", 2**63)]), InvalidArgument),
+    (lambda d: d.append_many([("r0", 1), ("r1", -(2**63) - 1)]), InvalidArgument),
 ])
 def test_a_refused_step_level_call_changes_nothing(call, error):
     d = _running()
