@@ -22,7 +22,7 @@ def test_native_where_libcrypto_is() -> None:
     """The native loop is used wherever a libcrypto is found (Python's hashlib needs one)."""
     if ctypes.util.find_library("crypto") is None:  # pragma: no cover - no libcrypto here
         pytest.skip("no libcrypto on this machine")
-    assert native_hash.NATIVE
+    assert native_hash.native()
 
 
 @settings(max_examples=200, deadline=None)
