@@ -206,6 +206,7 @@ class RequestBook:
     prefix_caching: bool
     spec: RequestSpec
     pool: Any
+
     def _extend_hashes(self, req: _Request) -> None:
         """Hash the request's blocks its known tokens filled since (memoized)."""
         B, tokens, hashes = self.block_size, req.tokens, req.hashes

@@ -150,13 +150,13 @@ def pack_tokens(tokens: Sequence[int]) -> bytes:
     return struct.pack(f">{len(tokens)}q", *tokens)
 
 
-def all_ints(values: list[Any]) -> bool:
-    """Whether every item of the list is exactly an int (no bool, no numpy integer): a
+def all_ints(values: Sequence[Any]) -> bool:
+    """Whether every item is exactly an int (no bool, no numpy integer): a
     type per item compared by identity, at C speed, without hashing any of them."""
     return list(map(type, values)).count(int) == len(values)
 
 
-def all_ints_in_int64(values: list[Any]) -> bool:
+def all_ints_in_int64(values: Sequence[Any]) -> bool:
     """``all_ints``, each in int64 range (the range checked by packing them natively)."""
     if not all_ints(values):
         return False

@@ -664,7 +664,7 @@ class NativeAllocator(RequestBook):
             return found
 
     def _after_fused(self, rids: tuple[Hashable, ...], rows: np.ndarray, n: int, stop: int,
-                        plan: tuple[int, ...], issue: tuple[int, ...]) -> tuple[Any, ...]:
+                     plan: tuple[int, ...], issue: tuple[int, ...]) -> tuple[Any, ...]:
         """A fused launch that did not end in the common case: its refusal raised (its
         plan's, its issue's), else what a refused completion or commit needs: (the launch
         number, its writes, a function of no arguments returning ``_issue``'s results, the

@@ -69,4 +69,5 @@ def chain_tokens(parent: int, tokens: list[int], block_size: int,
         return [int.from_bytes(out, "big")]
     return list(map(int.from_bytes, _cut(count)(out), ("big",) * count))
 
+
 __all__ = ["chain_tokens", "native"]

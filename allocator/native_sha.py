@@ -81,17 +81,12 @@ def _chain(head, at_parent, data, width, count, tail, first_tail, out):
 
 def _entry(library: str) -> Callable[..., Any]:
     """``_chain`` linked against ``library``, as its entry point for the types
-    ``chain_digests`` passes (past numba's type dispatch)."""
+    ``native_hash.chain_tokens`` passes (past numba's type dispatch)."""
     llvm.load_library_permanently(library)
     i64 = types.int64
     raw = types.Bytes(types.uint8, 1, "C", readonly=True)
     out = types.ByteArray(types.uint8, 1, "C")
     return entry(_chain, raw, i64, raw, i64, i64, raw, raw, out)
-
-
-_LIBRARY = _libcrypto()
-_native = _entry(_LIBRARY) if _LIBRARY is not None and numba is not None else None
-NATIVE: bool = _native is not None
 
 
 _LIBRARY = _libcrypto()
