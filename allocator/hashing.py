@@ -27,7 +27,6 @@ KIND_INT = 5
 KIND_BYTES = 6
 _EXTRA_KINDS = {str: KIND_STR, int: KIND_INT, bytes: KIND_BYTES}
 _PLAIN_KEY_TYPES = frozenset(_EXTRA_KINDS)
-_INT_ONLY = frozenset({int})
 _PARENT_LIMIT = 1 << 256  # a parent hash is a sha256 digest (0: no parent)
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 # Containers that are refused where a sequence of token ids or of extra keys is expected: a
@@ -120,7 +119,7 @@ def _token_list(token_ids: Any) -> list[int]:
         raise InvalidArgument(
             f"token ids must be a sequence of ints, got {type(token_ids).__name__}"
         ) from None
-    out = items if set(map(type, items)) <= _INT_ONLY else [_as_int("token id", t) for t in items]
+    out = items if all_ints(items) else [_as_int("token id", t) for t in items]
     if out and (min(out) < _I64_MIN or max(out) > _I64_MAX):
         bad = next(t for t in out if not _I64_MIN <= t <= _I64_MAX)
         raise InvalidArgument(f"token id not a 64-bit integer: {bad}")

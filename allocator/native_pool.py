@@ -57,7 +57,7 @@ from . import native_source as ns
 from .allocator import _ordered
 from .compiled import _PROBE_BY_KIND, _effect_probe_pools, _probe_pools, _Unsupported
 from .errors import AllocatorError, GuardViolation, InvalidArgument, InvariantViolation
-from .hashing import _INT_ONLY
+from .hashing import all_ints
 from .pool import (
     _GUARD_ERRORS,
     MAX_BLOCKS,
@@ -323,7 +323,7 @@ class NativePool:
         """``_hash_slot`` of each digest, all or none interned: where all are plain ints in
         range, ``_chain_slots`` (else one ``_hash_slot`` call each, which names the first bad
         one)."""
-        if set(map(type, digests)) <= _INT_ONLY and (  # (a float equal to a digest is refused)
+        if all_ints(digests) and (  # (a float equal to a digest is refused)
                 not digests or min(digests) > NO_HASH and max(digests) <= MAX_HASH):
             return self._chain_slots(digests)
         out: list[int] = []

@@ -7,6 +7,8 @@ import enum
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
+from pagedkv.allocator.hashing import all_ints
+
 
 class RequestStatus(enum.IntEnum):
     """A request's scheduling status, with vLLM 0.33.0's names. The scheduler sets it; the
@@ -33,7 +35,7 @@ def _as_token(t: Any) -> int:
 def _as_tokens(ts: Iterable[Any]) -> list[int]:
     """Token ids as a new list of plain ints (``_as_token`` of each; a list of plain ints is
     copied as is)."""
-    if isinstance(ts, list | tuple) and set(map(type, ts)) <= {int}:
+    if isinstance(ts, list | tuple) and all_ints(ts):
         return list(ts)
     return [_as_token(t) for t in ts]
 

@@ -317,11 +317,6 @@ EQUIVALENT: dict[str, str] = {
     **{f"allocator/hashing.py:block_hash:{op}:if type(parent) is not int or not 0 <= parent "
        f"< _PARENT_LIMIT: -> if type(parent) is not int or not {new} parent < _PARENT_LIMIT:":
        _FAST_PARENT for op, new in (("int+1", "1 <="), ("cmp", "0 <"))},
-    "allocator/hashing.py:_token_list:cmp:out = items if set(map(type, items)) <= _INT_ONLY "
-    "else [_as_int(\"token id\", t) for t in items] -> out = items if set(map(type, items)) < "
-    "_INT_ONLY else [_as_int(\"token id\", t) for t in items]":
-        "fast-path type test: a list of plain ints this sends to _as_int comes back unchanged "
-        "(_as_int returns a plain int as is)",
     "allocator/hashing.py:normalize_extra_keys:drop-and-clause:if type(k) is str and not "
     "k.isascii(): -> if type(k) is str and True:":
         "the mutant also encodes ASCII keys, which utf-8 always encodes; the isascii test only "
