@@ -165,6 +165,12 @@ def _check_tokens(token_ids: Iterable[int]) -> list[int]:
         t = token_ids[0]
         if type(t) is int and _I64_MIN <= t <= _I64_MAX:
             return [t]
+    return _check_and_pack_tokens(token_ids)[0]
+
+
+def _check_and_pack_tokens(token_ids: Iterable[int]) -> tuple[list[int], bytes]:
+    """``_check_tokens``, and the tokens packed as its range check packs them
+    (``pack_native``: what ``native_hash.chain_packed`` hashes)."""
     tokens = _ordered(token_ids, "token ids")
     if not all_ints(tokens):  # plain ints need no conversion
         for t in tokens:
@@ -172,10 +178,11 @@ def _check_tokens(token_ids: Iterable[int]) -> list[int]:
                 raise InvalidArgument(f"token ids must be ints, got {type(t).__name__}")
         tokens = [int(t) for t in tokens]
     try:  # (one pass at C speed: the int64 range, as min() and max() would check it in two)
-        pack_native(tokens)
+        packed = pack_native(tokens)
     except (struct.error, OverflowError):
         encode_tokens(tokens)  # raises the range error
-    return tokens
+        raise  # pragma: no cover - encode_tokens refuses what struct cannot pack
+    return tokens, packed
 
 
 def _launch_slots(first_slots: Sequence[int], counts: Sequence[int]) -> np.ndarray:

@@ -35,6 +35,7 @@ from . import native_hash
 from .allocator import (
     Abstraction,
     RequestBook,
+    _check_and_pack_tokens,
     _check_tokens,
     _locked,
     _ordered,
@@ -142,6 +143,8 @@ class NativeAllocator(RequestBook):
         self._filled = np.empty((3, rows), np.int64)
         # a fused launch's slot mapping, starts, lengths, writes and commit counts (unchecked)
         self._fused = [np.empty(64, np.int64) for _ in range(5)]
+        self._cached = np.empty(64, np.int64)  # _cache_filled's blocks and holders
+        self._holders = np.empty(64, np.int64)
         self._load_loops()
         from .native_entry import step_loops  # (numba's: imported once the module is)
 
@@ -220,14 +223,17 @@ class NativeAllocator(RequestBook):
         hashes kept (a pure function of the tokens, salt and keys), the new blocks hashed."""
         self._check_new_rid(rid)
         if again is None:
-            tokens = _check_tokens(token_ids)
+            tokens, packed = _check_and_pack_tokens(token_ids)
             if cache_salt is not None and not isinstance(cache_salt, str | bytes):
                 raise InvalidArgument("cache_salt must be str, bytes or None")
             req = _NativeRequest(rid, tokens, cache_salt, normalize_extra_keys(extra_keys), -1)
+            req.hashes = native_hash.chain_packed(  # (the tokens as the check packed them)
+                0, packed, len(tokens) // self.block_size, self.block_size, req.extra_keys,
+                None if cache_salt is None else salt_bytes(cache_salt))
         else:
             req = _NativeRequest(rid, again.tokens, again.salt, again.extra_keys, -1)
             req.hashes = again.hashes
-        self._extend_hashes(req)
+            self._extend_hashes(req)
         self.pool.open_holder(rid)
         req.row = row = self._new_row()
         self.R[:, row] = 0
@@ -427,8 +433,28 @@ class NativeAllocator(RequestBook):
         filled = self._filled[0]
         nf = self._steps.count_known(self.pool.M, self.R,
                                   self._rows_of(reqs) if rows is None else rows, n, filled)
-        for i in filled[:nf].tolist():  # their last token ended a block: hash it
-            self._extend_hashes(reqs[i])
+        if nf == 1:  # its last token ended a block: hash it
+            self._extend_hashes(reqs[filled.item(0)])
+        elif nf:
+            self._hash_next_blocks([reqs[i] for i in filled[:nf].tolist()])
+
+    def _hash_next_blocks(self, reqs: list[_NativeRequest]) -> None:
+        """``_extend_hashes`` of each request: those whose one new full block is not their
+        first and whose hashes take no extra keys in one native call
+        (``native_hash.next_blocks``), the others one by one."""
+        B, due, parents, tokens = self.block_size, [], [], []
+        for req in reqs:
+            hashes, end = req.hashes, len(req.tokens)
+            if req.extra_keys or not hashes or (len(hashes) + 1) * B != end - end % B:
+                self._extend_hashes(req)
+            else:
+                due.append(hashes)
+                parents.append(hashes[-1])
+                tokens += req.tokens[end - end % B - B:end - end % B]
+        if due:
+            for hashes, h in zip(due, native_hash.next_blocks(parents, tokens, B, ()),
+                                 strict=True):
+                hashes.append(h)
 
     def _hits(self, req: _NativeRequest) -> list[int]:
         """``RequestBook._hits``: the spec's ``leading_hits``, resumed past the hits the
@@ -761,11 +787,13 @@ class NativeAllocator(RequestBook):
         for i, first, full in filled[:, :nf].T.tolist():
             digests += requests[rids[i]].hashes[first:full]
         n = len(digests)
-        bs, holders = np.empty(n, np.int64), np.empty(n, np.int64)
-        self._steps.filled_entries(self.R, self.T, rows, filled, nf, bs, holders)
-        slots = np.array(pool._chain_slots(digests), np.int64)  # (chain_digests' own)
-        failed, orphaned = self._steps.commit_blocks(pool.B, pool.M, pool.H, pool.K, pool.X,
-                                                     bs, holders, slots, n)
+        slots = pool._chain_slot_vector(digests)  # (chain_digests' own)
+        if len(self._cached) < n:
+            self._cached = np.empty(2 * n, np.int64)
+            self._holders = np.empty(2 * n, np.int64)
+        bs, holders = self._cached, self._holders
+        failed, orphaned = self._steps.cache_filled(*self._arrays, rows, filled, nf, slots,
+                                                    bs, holders)
         if orphaned:
             pool._release_hashes(slots)  # the digest of a block not committed goes
         if pool.checked:

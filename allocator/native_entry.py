@@ -107,8 +107,7 @@ class StepLoops:
         self.count_known = entry(mod.count_known, VEC, MAT, ANY_VEC, I64, VEC)
         self.put_grown = entry(mod.put_grown, MAT, MAT, MAT, ANY_VEC, VEC, I64, I32_MAT,
                                I32_MAT, VEC, VEC)
-        self.commit_blocks = entry(mod.commit_blocks, *POOL, VEC, VEC, VEC, I64)
-        self.filled_entries = entry(mod.filled_entries, MAT, MAT, ANY_VEC, MAT, I64, VEC, VEC)
+        self.cache_filled = entry(mod.cache_filled, *STEP, ANY_VEC, MAT, I64, VEC, VEC, VEC)
         self.prefix_current = entry(mod.prefix_current, VEC, VEC, VEC, VEC, VEC, I64)
 
 

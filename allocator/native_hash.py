@@ -24,26 +24,29 @@ from typing import Any
 from . import hashing
 from .hashing import KIND_TOKENS, block_tails, pack_native, pack_tokens
 
-_LOOP: list[Callable[..., Any] | None] = []  # the native loop (or None), on first use
+_Loops = tuple[Callable[..., Any], Callable[..., Any]]
+_LOOPS: list[_Loops | None] = []  # the native loops (or None), on first use
 
 
-def _native() -> Callable[..., Any] | None:
-    """``native_sha.LOOP``, imported on first use; None without numba."""
-    if not _LOOP:
+def _native() -> _Loops | None:
+    """``native_sha.LOOPS``, imported on first use; None without numba."""
+    if not _LOOPS:
         try:
-            from .native_sha import LOOP
+            from .native_sha import LOOPS
         except ImportError:  # (pagedkv[native] not installed: hashing.chain_digests serves)
-            LOOP = None
-        _LOOP.append(LOOP)
-    return _LOOP[0]
+            LOOPS = None
+        _LOOPS.append(LOOPS)
+    return _LOOPS[0]
 
 
 def native() -> bool:
-    """Whether ``chain_tokens`` runs natively here (numba, and libcrypto's low-level calls)."""
+    """Whether ``chain_tokens`` and ``next_blocks`` run natively here (numba, and
+    libcrypto's low-level calls)."""
     return _native() is not None
 
 
 _PREFIX = hashing._DOMAIN + hashing._header(hashing.KIND_PARENT, 32)
+_NO_PARENT = bytes(32)  # (a placeholder: each block's parent is written into its message)
 
 
 @functools.lru_cache(maxsize=256)
@@ -57,17 +60,59 @@ def chain_tokens(parent: int, tokens: list[int], block_size: int,
     ``tokens`` (plain ints in int64 range, whole blocks of them): the same digests,
     natively. The tokens are packed little-endian (``pack_native``, a third of big-endian
     packing's time) and reversed into the messages natively."""
-    width, count = 8 * block_size, len(tokens) // block_size
-    loop = _LOOP[0] if _LOOP else _native()
-    if loop is None:
+    return chain_packed(parent, pack_native(tokens), len(tokens) // block_size, block_size,
+                        keys, salt)
+
+
+def chain_packed(parent: int, data: bytes, count: int, block_size: int,
+                 keys: tuple[str | int | bytes, ...], salt: bytes | None) -> list[int]:
+    """``chain_tokens`` of the first ``count`` blocks of tokens already packed
+    (``pack_native``: ``data`` holds at least ``count`` blocks)."""
+    width = 8 * block_size
+    if len(data) < count * width:
+        raise ValueError(f"{count} blocks need {count * width} bytes, got {len(data)}")
+    loops = _LOOPS[0] if _LOOPS else _native()
+    if loops is None:
+        tokens = struct.unpack(f"<{count * block_size}q", data[:count * width])
         return hashing.chain_digests(parent, pack_tokens(tokens), width, count, keys, salt)
     tail, first_tail = block_tails(keys, salt)
-    head = _PREFIX + parent.to_bytes(32, "big") + hashing._known_header(KIND_TOKENS, width)
     out = bytearray(32 * count)
-    loop(head, len(_PREFIX), pack_native(tokens), width, count, tail, first_tail, out)
+    loops[0](_PREFIX + parent.to_bytes(32, "big") + _tokens_header(width), len(_PREFIX),
+             data, width, count, tail, first_tail, out)
+    return _digests(out, count)
+
+
+def next_blocks(parents: list[int], tokens: list[int], block_size: int,
+                keys: tuple[str | int | bytes, ...]) -> list[int]:
+    """One block of each of several chains, none its chain's first (no salt), with the same
+    ``keys``: digest ``i`` is ``chain_tokens(parents[i], tokens[i * block_size:(i + 1) *
+    block_size], block_size, keys, None)[0]``, all in one native call (a step's sampled
+    tokens that filled a block, one per request)."""
+    width, count = 8 * block_size, len(parents)
+    if len(tokens) != count * block_size:
+        raise ValueError(f"{count} blocks need {count * block_size} tokens, got {len(tokens)}")
+    loops = _LOOPS[0] if _LOOPS else _native()
+    if loops is None:
+        return [hashing.chain_digests(p, pack_tokens(tokens[i * block_size:(i + 1) * block_size]),
+                                      width, 1, keys, None)[0]
+                for i, p in enumerate(parents)]
+    tail = block_tails(keys, None)[0]
+    out = bytearray(32 * count)
+    loops[1](_PREFIX + _NO_PARENT + _tokens_header(width), len(_PREFIX),
+             b"".join([p.to_bytes(32, "big") for p in parents]), pack_native(tokens), width,
+             count, tail, out)
+    return _digests(out, count)
+
+
+def _tokens_header(width: int) -> bytes:
+    return hashing._known_header(KIND_TOKENS, width)
+
+
+def _digests(out: bytearray, count: int) -> list[int]:
+    """``count`` 32-byte big-endian digests as ints."""
     if count == 1:
         return [int.from_bytes(out, "big")]
     return list(map(int.from_bytes, _cut(count)(out), ("big",) * count))
 
 
-__all__ = ["chain_tokens", "native"]
+__all__ = ["chain_packed", "chain_tokens", "native", "next_blocks"]

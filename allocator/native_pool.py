@@ -346,6 +346,15 @@ class NativePool:
             slots = list(map(self._hslot.__getitem__, digests))
         return slots  # type: ignore[return-value]
 
+    def _chain_slot_vector(self, digests: list[int]) -> np.ndarray:
+        """``_chain_slots`` as an int64 vector (the new digests are usually all of them: a
+        commit's blocks just computed)."""
+        hslot = self._hslot
+        new = [h for h in digests if h not in hslot]
+        if new:
+            self._intern_new(list(dict.fromkeys(new)))
+        return np.fromiter(map(hslot.__getitem__, digests), _INT64, len(digests))
+
     def _intern_new(self, digests: list[int]) -> None:
         """Slots for these distinct digests, none interned yet."""
         free = self._free_hslots

@@ -1,8 +1,9 @@
 """The native loop of ``native_hash``: a chain of block digests through libcrypto's SHA-256.
 
 Imported on ``native_hash``'s first use (numba's import and the loop's cache load are paid by
-a process that hashes, not by every import of the allocator). ``LOOP`` is the loop's entry
-point, or None where libcrypto lacks the low-level calls.
+a process that hashes, not by every import of the allocator). ``LOOPS`` are the entry points
+of ``_chain`` (a chain's blocks) and ``_blocks`` (one block each of several chains), or None
+where libcrypto lacks the low-level calls.
 """
 
 from __future__ import annotations
@@ -43,13 +44,38 @@ _sha_final = types.ExternalFunction("SHA256_Final", types.int32(_PTR, _PTR))
 
 
 @numba.njit(cache=True)
+def _put_block(message, at_tokens, data, base, width, tail):
+    """A block's tokens (``data[base:base + width]``: little-endian int64s, written into the
+    message big-endian) and then ``tail``, into ``message`` from ``at_tokens``: the message's
+    length."""
+    for k in range(width):  # each token's 8 bytes reversed: little- to big-endian
+        message[at_tokens + k] = data[base + (k ^ 7)]
+    end = at_tokens + width
+    for k in range(len(tail)):
+        message[end + k] = tail[k]
+    return end + len(tail)
+
+
+@numba.njit(cache=True)
+def _digest(message, end, ctx, digest):
+    """The sha256 of ``message[:end]`` into ``digest`` (0 is NO_HASH: a zero digest stands
+    for 1)."""
+    _sha_init(ctx.ctypes.data)
+    _sha_update(ctx.ctypes.data, message.ctypes.data, end)
+    _sha_final(digest.ctypes.data, ctx.ctypes.data)
+    for k in range(32):
+        if digest[k]:
+            return
+    digest[31] = 1
+
+
+@numba.njit(cache=True)
 def _chain(head, at_parent, data, width, count, tail, first_tail, out):
     """Digest ``count`` blocks into ``out`` (32 bytes each). A block's message is ``head``
     (the fixed prefix, its parent's 32 bytes at ``at_parent``, the tokens' header), its
-    tokens (``data``: little-endian int64s, ``width`` bytes a block, written into the
-    message big-endian), then block 0's ``first_tail`` or a later block's ``tail``; each
-    digest is the next block's parent. libcrypto's symbols are resolved by name when the
-    code is linked (so numba caches it)."""
+    tokens (``data``, ``width`` bytes a block), then block 0's ``first_tail`` or a later
+    block's ``tail``; each digest is the next block's parent. libcrypto's symbols are
+    resolved by name when the code is linked (so numba caches it)."""
     at_tokens = len(head)
     message = np.empty(at_tokens + width + max(len(tail), len(first_tail)), np.uint8)
     for k in range(at_tokens):
@@ -57,37 +83,46 @@ def _chain(head, at_parent, data, width, count, tail, first_tail, out):
     ctx = np.empty(_CTX_BYTES, np.uint8)
     digest = np.empty(32, np.uint8)
     for i in range(count):
-        t = first_tail if i == 0 else tail
-        base = i * width
-        for k in range(width):  # each token's 8 bytes reversed: little- to big-endian
-            message[at_tokens + k] = data[base + (k ^ 7)]
-        end = at_tokens + width
-        for k in range(len(t)):
-            message[end + k] = t[k]
-        _sha_init(ctx.ctypes.data)
-        _sha_update(ctx.ctypes.data, message.ctypes.data, end + len(t))
-        _sha_final(digest.ctypes.data, ctx.ctypes.data)
-        zero = True
-        for k in range(32):
-            if digest[k]:
-                zero = False
-                break
-        if zero:  # 0 is NO_HASH: the digest stands for 1, as parent too
-            digest[31] = 1
+        end = _put_block(message, at_tokens, data, i * width, width,
+                         first_tail if i == 0 else tail)
+        _digest(message, end, ctx, digest)
         for k in range(32):
             message[at_parent + k] = out[32 * i + k] = digest[k]
     return count
 
 
-def _entry(library: str) -> Callable[..., Any]:
-    """``_chain`` linked against ``library``, as its entry point for the types
-    ``native_hash.chain_tokens`` passes (past numba's type dispatch)."""
+@numba.njit(cache=True)
+def _blocks(head, at_parent, parents, data, width, count, tail, out):
+    """Digest ``count`` blocks of different chains into ``out`` (32 bytes each): ``_chain``'s
+    message for block ``i`` with its own parent (``parents[32 * i:32 * i + 32]``) and
+    ``tail``, none of them a chain's first block."""
+    at_tokens = len(head)
+    message = np.empty(at_tokens + width + len(tail), np.uint8)
+    for k in range(at_tokens):
+        message[k] = head[k]
+    ctx = np.empty(_CTX_BYTES, np.uint8)
+    digest = np.empty(32, np.uint8)
+    for i in range(count):
+        for k in range(32):
+            message[at_parent + k] = parents[32 * i + k]
+        end = _put_block(message, at_tokens, data, i * width, width, tail)
+        _digest(message, end, ctx, digest)
+        for k in range(32):
+            out[32 * i + k] = digest[k]
+    return count
+
+
+def _entries(library: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``_chain`` and ``_blocks`` linked against ``library``, as their entry points for the
+    types ``native_hash`` passes (past numba's type dispatch)."""
     llvm.load_library_permanently(library)
     i64 = types.int64
     raw = types.Bytes(types.uint8, 1, "C", readonly=True)
     out = types.ByteArray(types.uint8, 1, "C")
-    return entry(_chain, raw, i64, raw, i64, i64, raw, raw, out)
+    return (entry(_chain, raw, i64, raw, i64, i64, raw, raw, out),
+            entry(_blocks, raw, i64, raw, raw, i64, i64, raw, out))
 
 
 _LIBRARY = _libcrypto()
-LOOP: Callable[..., Any] | None = _entry(_LIBRARY) if _LIBRARY is not None else None
+LOOPS: tuple[Callable[..., Any], Callable[..., Any]] | None = (
+    _entries(_LIBRARY) if _LIBRARY is not None else None)

@@ -356,6 +356,15 @@ def filled_entries(R, T, rows, filled, nf, blocks, holders):
     return k
 
 
+
+@njit(cache=True)
+def cache_filled(B, M, H, K, X, R, T, rows, filled, nf, hslots, blocks, holders):
+    """``filled_entries`` into ``blocks`` / ``holders``, then ``commit_blocks`` of them with
+    their hash slots ``hslots``: the caching at commit of the full blocks the commits
+    completed, in one call. Returns ``commit_blocks``' results."""
+    n = filled_entries(R, T, rows, filled, nf, blocks, holders)
+    return commit_blocks(B, M, H, K, X, blocks, holders, hslots, n)
+
 @njit(cache=True)
 def prefix_current(X, G, slots, stamps, blocks, n):
     """Whether each hash slot ``slots[i]`` (i < n) still holds the interning stamped
