@@ -13,13 +13,20 @@ each step), before step ``s + 1`` of any. (vLLM's run takes a few steps fewer th
 it admits some requests earlier, on hits whose KV is not written yet, which pagedkv refuses.
 So the shorter runs are paced to the longest: after ``i`` of its ``n`` steps, each driver has
 replayed the same share of its own.) Each call is timed alone (``perf_counter_ns``, the
-attribute lookup outside, as both loops time them) and its result checked equal to the
-recorded one, so every round makes the decisions of the recorded runs. A round's ratio
-compares times taken within the same few hundred microseconds, step after step.
+method looked up before the clock starts) and its result checked equal to the recorded one,
+so every round makes the decisions of the recorded runs. A round's ratio compares times
+taken within the same few hundred microseconds, step after step.
+
+What differs from ``step_bench.py``'s runs: each driver's step starts with the CPU caches
+left by the other drivers' steps (in an engine, the scheduler's and the model runner's code
+runs between two steps' allocator calls), so both run slower than in a loop of their own,
+pagedkv's few large calls proportionally more than vLLM's many small ones. The recordings
+are frozen out of the garbage collector's scans (``gc.freeze``); the collector stays on
+(``--no-gc``: off while a round replays).
 
 Prints each round's allocator seconds per driver and the ratios to vLLM's, then the median
-and range of the per-round ratios. Needs the vLLM anchor (``../shared/anchors/vllm_kvcache``)
-and numba.
+and range of the per-round ratios and each driver's milliseconds per call name. Needs the
+vLLM anchor (``../shared/anchors/vllm_kvcache``) and numba.
 """
 
 from __future__ import annotations
@@ -111,6 +118,8 @@ def replay(logs: dict[str, list[list[Call]]], args: argparse.Namespace) -> dict[
     longest = max(len(logs[name]) for name in names)
     done = dict.fromkeys(names, 0)  # steps replayed
     gc.collect()
+    if args.no_gc:
+        gc.disable()
     for s in range(longest):
         k = s % len(names)
         for name in names[k:] + names[:k]:
@@ -127,6 +136,7 @@ def replay(logs: dict[str, list[list[Call]]], args: argparse.Namespace) -> dict[
                 if got != want:
                     raise SystemExit(f"lockstep_bench: {name}: {method}{recorded} -> "
                                      f"{got!r}, recorded {want!r}")
+    gc.enable()
     return {name: {"total_ns": sum(ns.values()), "by_method_ns": ns}
             for name, ns in by_method.items()}
 
@@ -142,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-checked", action="store_true",
                     help="replay vLLM's and the unchecked driver's recordings only")
+    ap.add_argument("--no-gc", action="store_true",
+                    help="the cyclic garbage collector off while a round replays")
     ap.add_argument("--json", help="write every round's figures to this file")
     args = ap.parse_args(argv)
     if args.no_checked:
