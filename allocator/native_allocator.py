@@ -86,6 +86,18 @@ class _HitMemo(NamedTuple):
     limit: int
 
 
+def _leading_part(memo: _HitMemo, k: int) -> _HitMemo | None:
+    """The memo of the first ``k`` of ``memo``'s hits (those still current:
+    ``current_prefix``), to resume a lookup from, or None for none. A lookup finds those
+    hits again, then goes on from the first that is not current, as from a memo of them
+    (with the same ``hit_limit``: the limit from any entry up to the chain's hit limit is
+    that limit)."""
+    if k == 0:
+        return None
+    return _HitMemo(memo.counts, memo.slots[:k], memo.stamps[:k], memo.blocks[:k],
+                    memo.hits[:k], memo.limit)
+
+
 class _NativeRequest:
     """A request's Python side: its token ids and their chain hashes (``RequestBook``), its
     row of the native arrays."""
@@ -458,19 +470,23 @@ class NativeAllocator(RequestBook):
 
     def _hits(self, req: _NativeRequest) -> list[int]:
         """``RequestBook._hits``: the spec's ``leading_hits``, resumed past the hits the
-        request's last lookup found while each is current (``prefix_current``: its digest
+        request's last lookup found while each is current (``current_prefix``: its digest
         still interned since and registered to the same block, so looking it up again finds
-        the same). A waiting request is looked up every step, its prefix rarely changed. The
-        entries the spec's ``hit_limit`` allows are looked up in one batch
-        (``NativePool.prefix_hits``)."""
+        the same), and past the leading ones still current where some are not. A waiting
+        request is looked up every step, its prefix rarely changed. The entries the spec's
+        ``hit_limit`` allows are looked up in one batch (``NativePool.prefix_hits``)."""
         if not self.prefix_caching:
             return []
         pool, counts = self.pool, (len(req.hashes), len(req.tokens))
         memo = req.hit_memo
-        if memo is not None and not (memo.counts == counts and (not memo.hits or (
-                self._steps.prefix_current(pool.X, pool.G, memo.slots, memo.stamps,
-                                           memo.blocks, len(memo.hits))))):
-            memo = None
+        if memo is not None:
+            if memo.counts != counts:
+                memo = None
+            elif memo.hits:
+                k = self._steps.current_prefix(pool.X, pool.G, memo.slots, memo.stamps,
+                                               memo.blocks, len(memo.hits))
+                if k < len(memo.hits):
+                    memo = _leading_part(memo, k)
         if memo is None:
             start, limit = 0, self.spec.hit_limit(counts[0], counts[1], self.block_size)
         else:

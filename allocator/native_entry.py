@@ -108,7 +108,7 @@ class StepLoops:
         self.put_grown = entry(mod.put_grown, MAT, MAT, MAT, ANY_VEC, VEC, I64, I32_MAT,
                                I32_MAT, VEC, VEC)
         self.cache_filled = entry(mod.cache_filled, *STEP, ANY_VEC, MAT, I64, VEC, VEC, VEC)
-        self.prefix_current = entry(mod.prefix_current, VEC, VEC, VEC, VEC, VEC, I64)
+        self.current_prefix = entry(mod.current_prefix, VEC, VEC, VEC, VEC, VEC, I64)
 
 
 def step_loops(mod: Any) -> StepLoops:

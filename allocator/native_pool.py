@@ -261,7 +261,7 @@ class NativePool:
         self._free_hslots = list(range(len(self.X) - 1, 0, -1))
         # Per hash slot, the stamp of the interning it holds (a count that never repeats,
         # not even across ``load``): a slot and its stamp name one digest's interning, so a
-        # request's hits found earlier can be checked still current (``prefix_current``).
+        # request's hits found earlier can be checked still current (``current_prefix``).
         self.G = np.zeros(len(self.X), np.int64)
         self._stamp = getattr(self, "_stamp", 0)
         self.retire_queue: deque[tuple[int, int]] = deque()

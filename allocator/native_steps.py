@@ -366,16 +366,16 @@ def cache_filled(B, M, H, K, X, R, T, rows, filled, nf, hslots, blocks, holders)
     return commit_blocks(B, M, H, K, X, blocks, holders, hslots, n)
 
 @njit(cache=True)
-def prefix_current(X, G, slots, stamps, blocks, n):
-    """Whether each hash slot ``slots[i]`` (i < n) still holds the interning stamped
-    ``stamps[i]`` and names block ``blocks[i]``: a request's leading hits found earlier,
-    each digest still interned since and registered to the same block (so a lookup of it
-    finds that block now)."""
+def current_prefix(X, G, slots, stamps, blocks, n):
+    """How many of the hash slots ``slots[:n]`` lead with each still holding the interning
+    stamped ``stamps[i]`` and naming block ``blocks[i]``: of a request's leading hits found
+    earlier, those whose digest is still interned since and registered to the same block
+    (so a lookup of them finds those blocks now)."""
     for i in range(n):
         s = slots[i]
         if s >= X.shape[0] or G[s] != stamps[i] or X[s] != blocks[i]:
-            return False
-    return True
+            return i
+    return n
 
 
 @njit(cache=True)

@@ -17,7 +17,7 @@ from anchor_paths import VLLM_KVCACHE_CANDIDATES
 
 pytest.importorskip("numba")
 
-from pagedkv.allocator import InvalidArgument  # noqa: E402
+from pagedkv.allocator import InvalidArgument, native_allocator  # noqa: E402
 from pagedkv.allocator.allocator import RequestBook  # noqa: E402
 from pagedkv.engine import driver as pk_driver  # noqa: E402
 from pagedkv.engine import native_driver  # noqa: E402
@@ -71,14 +71,16 @@ def test_the_batched_loop_makes_the_same_decisions_through_both_drivers(loops, s
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_every_lookup_resumed_from_the_last_finds_what_a_fresh_lookup_finds(loops, seed):
+def test_every_lookup_resumed_from_the_last_finds_what_a_fresh_lookup_finds(loops, seed,
+                                                                            monkeypatch):
     """``NativeAllocator._hits`` resumes a request's lookup past its last hits while they
-    are current; on a pool small enough to evict, each answer is ``RequestBook._hits``'s
-    (the spec's lookup from the first block), and some were resumed."""
+    are current, and past those still current where some are not; on a pool small enough
+    to evict, each answer is ``RequestBook._hits``'s (the spec's lookup from the first
+    block), some were resumed, and some from a part of their last hits."""
     traces, batched = loops
     d = native_driver.make(96, 8)
-    alloc, resumed = d.alloc, [0]
-    resume = alloc._hits
+    alloc, resumed, partly = d.alloc, [0], [0]
+    resume, leading_part = alloc._hits, native_allocator._leading_part
 
     def both(req: Any) -> list[int]:
         resumed[0] += req.hit_memo is not None
@@ -86,9 +88,15 @@ def test_every_lookup_resumed_from_the_last_finds_what_a_fresh_lookup_finds(loop
         assert got == RequestBook._hits(alloc, req)
         return got
 
+    def part(memo: Any, k: int) -> Any:
+        out = leading_part(memo, k)
+        partly[0] += out is not None
+        return out
+
     alloc._hits = both
+    monkeypatch.setattr(native_allocator, "_leading_part", part)
     batched.run(_trace(traces, seed), d, token_budget=256, max_running=16)
-    assert resumed[0] > 10
+    assert resumed[0] > 10 and partly[0] > 0
 
 
 @pytest.mark.parametrize("seed", range(3))
