@@ -78,7 +78,7 @@ class Recorder:
         return call
 
 
-def record(bench: Any, trace: list[dict], args: argparse.Namespace) -> dict[str, Any]:
+def record(trace: list[dict], args: argparse.Namespace) -> dict[str, Any]:
     """Each driver's recording of the trace (vLLM's, then each pagedkv variant's)."""
     import batched_loop
     import traces
@@ -90,11 +90,18 @@ def record(bench: Any, trace: list[dict], args: argparse.Namespace) -> dict[str,
     kv = Recorder(vllm_kv.make(args.blocks, args.block_size))
     traces.simulate(trace, kv, token_budget=args.budget, max_running=args.max_running)
     logs["vllm"] = kv.steps
-    for name, factory in PAGEDKV.items():
+    for name, factory in variants(args).items():
         kv = Recorder(getattr(native_driver, factory)(args.blocks, args.block_size))
         batched_loop.run(trace, kv, token_budget=args.budget, max_running=args.max_running)
         logs[name] = kv.steps
     return logs
+
+
+def variants(args: argparse.Namespace) -> dict[str, str]:
+    """The pagedkv drivers replayed beside vLLM's (by name: their factory in
+    ``native_driver``)."""
+    return {name: factory for name, factory in PAGEDKV.items()
+            if not (args.no_checked and "checked" in name)}
 
 
 def _fresh(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -104,16 +111,19 @@ def _fresh(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def replay(logs: dict[str, list[list[Call]]], args: argparse.Namespace) -> dict[str, Any]:
-    """One lockstep round on fresh drivers: per driver, allocator ns in all and by method."""
+    """One lockstep round on fresh drivers: per driver, allocator ns in all and by method,
+    and the calls replayed (every recorded one; ``SystemExit`` if a result differs from
+    the recorded one)."""
     import vllm_kv
 
     from pagedkv.engine import native_driver
 
     drivers = {"vllm": vllm_kv.make(args.blocks, args.block_size)}
-    for name, factory in PAGEDKV.items():
+    for name, factory in variants(args).items():
         drivers[name] = getattr(native_driver, factory)(args.blocks, args.block_size)
     names = list(drivers)
     by_method: dict[str, dict[str, int]] = {name: {} for name in names}
+    replayed = dict.fromkeys(names, 0)
     clock = perf_counter_ns
     longest = max(len(logs[name]) for name in names)
     done = dict.fromkeys(names, 0)  # steps replayed
@@ -127,6 +137,7 @@ def replay(logs: dict[str, list[list[Call]]], args: argparse.Namespace) -> dict[
             upto = (s + 1) * len(log) // longest  # (each driver at the same share of its run)
             calls = [c for step in log[done[name]:upto] for c in step]
             done[name] = upto
+            replayed[name] += len(calls)
             for method, recorded, want in calls:
                 fn, call_args = getattr(driver, method), _fresh(recorded)
                 t0 = clock()
@@ -137,7 +148,7 @@ def replay(logs: dict[str, list[list[Call]]], args: argparse.Namespace) -> dict[
                     raise SystemExit(f"lockstep_bench: {name}: {method}{recorded} -> "
                                      f"{got!r}, recorded {want!r}")
     gc.enable()
-    return {name: {"total_ns": sum(ns.values()), "by_method_ns": ns}
+    return {name: {"total_ns": sum(ns.values()), "by_method_ns": ns, "calls": replayed[name]}
             for name, ns in by_method.items()}
 
 
@@ -156,20 +167,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="the cyclic garbage collector off while a round replays")
     ap.add_argument("--json", help="write every round's figures to this file")
     args = ap.parse_args(argv)
-    if args.no_checked:
-        del PAGEDKV["native step-level checked"]
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     bench = step_bench.load_bench()
     sys.path.insert(0, str(step_bench.ANCHOR))
     trace = bench.make_trace(args.seed, num_requests=args.requests)
-    logs = record(bench, trace, args)
+    logs = record(trace, args)
     gc.collect()
     gc.freeze()  # the recordings (every call's arguments) kept out of the collector's scans
     steps = len(logs["vllm"])
     calls = {name: sum(map(len, s)) for name, s in logs.items()}
     print(f"{args.requests} requests, {steps} steps; timed calls: "
           + ", ".join(f"{name} {n}" for name, n in calls.items()), flush=True)
+    names = list(variants(args))
     rounds = []
     for r in range(args.rounds):
         got = replay(logs, args)
@@ -177,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         v = got["vllm"]["total_ns"]
         print(f"round {r + 1}: allocator s vLLM {v / 1e9:.3f}; " + ", ".join(
             f"{name} {got[name]['total_ns'] / 1e9:.3f} ({got[name]['total_ns'] / v:.3f} of "
-            f"vLLM's time)" for name in PAGEDKV), flush=True)
+            f"vLLM's time)" for name in names), flush=True)
     summary = {}
-    for name in PAGEDKV:
+    for name in names:
         ratios = [g[name]["total_ns"] / g["vllm"]["total_ns"] for g in rounds]
         summary[name] = {"median": statistics.median(ratios), "min": min(ratios),
                          "max": max(ratios), "ratios": ratios}
@@ -187,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({1 / summary[name]['median']:.2f}x vLLM's speed), range "
               f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} rounds")
     print("\nms by driver call (median over the rounds):")
-    for name in ("vllm", *PAGEDKV):
+    for name in ("vllm", *names):
         methods = sorted({m for g in rounds for m in g[name]["by_method_ns"]})
         print(f"  {name}: " + ", ".join(
             f"{m} {statistics.median(g[name]['by_method_ns'].get(m, 0) for g in rounds) / 1e6:.1f}"
