@@ -7,7 +7,6 @@ decisions as the anchor's per-request loop (``traces.simulate``)."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from anchor_paths import VLLM_KVCACHE_CANDIDATES
+from anchor_paths import VLLM_KVCACHE_CANDIDATES, anchor_unavailable
 
 from pagedkv.allocator import InvalidArgument
 from pagedkv.engine import EngineRequest, KVCacheManager, RequestStatus
@@ -193,10 +192,8 @@ def _load(name: str, path: Path) -> Any:
 @pytest.fixture(scope="module")
 def loops() -> Any:
     if ANCHOR is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI=true: the anchor's traces.py must be there; looked in "
-                        + ", ".join(map(str, _CANDIDATES)))
-        pytest.skip("the vLLM anchor's traces.py is not on this machine")
+        anchor_unavailable("its traces.py is not on this machine; looked in "
+                           + ", ".join(map(str, _CANDIDATES)))
     return _load("anchor_traces", ANCHOR / "traces.py"), _load(
         "batched_loop", ROOT / "benchmarks" / "batched_loop.py")
 

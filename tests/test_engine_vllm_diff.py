@@ -35,7 +35,6 @@ built (no registry) it is skipped too, except with ``CI=true``, where it fails.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import time
@@ -43,7 +42,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from anchor_paths import VLLM_KVCACHE_CANDIDATES
+from anchor_paths import VLLM_KVCACHE_CANDIDATES, anchor_unavailable
 
 pytestmark = pytest.mark.vllm
 
@@ -51,12 +50,6 @@ _CANDIDATES = VLLM_KVCACHE_CANDIDATES
 ANCHOR = next((c for c in _CANDIDATES if (c / "vllm_kv.py").is_file()), _CANDIDATES[0])
 NUM_TRACES = 300
 CLASSES = ("same_step_hit", "dedup", "dedup_eviction")
-
-
-def _unavailable(why: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true: the vLLM differential test must run, but {why}")
-    pytest.skip(why)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +80,7 @@ def anchor_or_reason() -> Any:
 def _require(anchor_or_reason: Any) -> Any:
     """In the test body, so that CI=true reports a failed test (not a fixture error)."""
     if isinstance(anchor_or_reason, str):
-        _unavailable(anchor_or_reason)
+        anchor_unavailable(anchor_or_reason)
     if anchor_or_reason[0] == "skip":
         pytest.skip(anchor_or_reason[1])
     return anchor_or_reason

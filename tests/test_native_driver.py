@@ -8,12 +8,11 @@ bad calls change nothing."""
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from anchor_paths import VLLM_KVCACHE_CANDIDATES
+from anchor_paths import VLLM_KVCACHE_CANDIDATES, anchor_unavailable
 
 pytest.importorskip("numba")
 
@@ -39,10 +38,8 @@ def _load(name: str, path: Path) -> Any:
 @pytest.fixture(scope="module")
 def loops() -> Any:
     if ANCHOR is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI=true: the anchor's traces.py must be there; looked in "
-                        + ", ".join(map(str, _CANDIDATES)))
-        pytest.skip("the vLLM anchor's traces.py is not on this machine")
+        anchor_unavailable("its traces.py is not on this machine; looked in "
+                           + ", ".join(map(str, _CANDIDATES)))
     return _load("anchor_traces_native", ANCHOR / "traces.py"), _load(
         "batched_loop_native", ROOT / "benchmarks" / "batched_loop.py")
 
