@@ -157,13 +157,18 @@ def all_ints(values: Sequence[Any]) -> bool:
 
 def all_ints_in_int64(values: Sequence[Any]) -> bool:
     """``all_ints``, each in int64 range (the range checked by packing them natively)."""
+    return packed_int64(values) is not None
+
+
+def packed_int64(values: Sequence[Any]) -> bytes | None:
+    """``pack_native(values)`` if every item is exactly an int in int64 range
+    (``all_ints``), else None."""
     if not all_ints(values):
-        return False
+        return None
     try:
-        pack_native(values)
+        return pack_native(values)
     except (struct.error, OverflowError):
-        return False
-    return True
+        return None
 
 
 def pack_native(tokens: Sequence[int]) -> bytes:

@@ -20,6 +20,7 @@ launch: ``Launch.complete()``), ``attach_pool``. Needs numba (``pagedkv[native]`
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
@@ -47,7 +48,7 @@ from .errors import (
     OutOfBlocks,
     TokensUnknown,
 )
-from .hashing import all_ints_in_int64, normalize_extra_keys, salt_bytes
+from .hashing import normalize_extra_keys, pack_tokens, packed_int64, salt_bytes
 from .launch import Launch, LaunchAlreadyCompleted
 from .native_pool import _NONE, ROW, NativePool, native_module
 from .native_steps import (  # the row layout the generated module was pasted with
@@ -157,6 +158,17 @@ class NativeAllocator(RequestBook):
         self._fused = [np.empty(64, np.int64) for _ in range(5)]
         self._cached = np.empty(64, np.int64)  # _cache_filled's blocks and holders
         self._holders = np.empty(64, np.int64)
+        # Each row's block in progress (its tokens' big-endian bytes) and chain head (the
+        # last digest, where ``_chained``), for sampled tokens appended and hashed natively
+        # (``native_hash.appender``; None where hashing is not native): a mirror of the
+        # request's token and digest lists, set from them wherever Python changes those.
+        self._appending = (native_hash.appender(self.block_size)
+                           if sys.byteorder == "little" else None)
+        self._open = np.zeros((rows, 8 * self.block_size), np.uint8)
+        self._parent = np.zeros((rows, 32), np.uint8)
+        self._chained = np.zeros(rows, np.uint8)
+        self._mirror_bytes()
+        self._digest_out = bytearray(32 * 64)
         self._load_loops()
         from .native_entry import step_loops  # (numba's: imported once the module is)
 
@@ -186,6 +198,10 @@ class NativeAllocator(RequestBook):
             self.R = np.concatenate([self.R, np.zeros((R_FIELDS, grow), np.int64)], axis=1)
             self.T = np.concatenate([self.T, np.full((grow, self.T.shape[1]), -1, np.int64)])
             self._filled = np.empty((3, self.R.shape[1]), np.int64)
+            self._open = np.concatenate([self._open, np.zeros_like(self._open[:grow])])
+            self._parent = np.concatenate([self._parent, np.zeros_like(self._parent[:grow])])
+            self._chained = np.concatenate([self._chained, np.zeros(grow, np.uint8)])
+            self._mirror_bytes()
         return row
 
     def _put_rows(self, row: int, start: int, blocks: list[int]) -> None:
@@ -252,7 +268,31 @@ class NativeAllocator(RequestBook):
         self.R[R_HOLDER, row] = self.pool._slot[rid]
         self.R[R_KNOWN, row] = len(req.tokens)
         self._requests[rid] = req
+        self._open_row(req)
         return req
+
+    def _open_row(self, req: _NativeRequest) -> None:
+        """The row's block in progress and chain head set from the request's lists (after
+        Python changed them): its chain is open if its digests cover every full block, it
+        has one, and it takes no extra keys (``_append`` hashes the next block then)."""
+        if self._appending is None:
+            return
+        B, row, tokens, hashes = self.block_size, req.row, req.tokens, req.hashes
+        start = len(tokens) - len(tokens) % B
+        if start < len(tokens):
+            at = row * 8 * B
+            self._open_bytes[at:at + 8 * (len(tokens) - start)] = pack_tokens(tokens[start:])
+        chained = bool(hashes) and not req.extra_keys and len(hashes) * B == start
+        self._chained_bytes[row] = chained
+        if chained:
+            self._parent_bytes[32 * row:32 * row + 32] = hashes[-1].to_bytes(32, "big")
+
+    def _mirror_bytes(self) -> None:
+        """Flat byte views of the mirror's arrays, for ``_open_row``'s writes (a slice of a
+        memoryview takes bytes at memcpy's cost; a numpy slice converts them first)."""
+        self._open_bytes = memoryview(self._open).cast("B")
+        self._parent_bytes = memoryview(self._parent).cast("B")
+        self._chained_bytes = memoryview(self._chained)
 
     @_locked
     def allocate(self, rid: Hashable, num_tokens: int) -> list[int]:
@@ -418,6 +458,7 @@ class NativeAllocator(RequestBook):
         req.tokens.extend(_check_tokens(token_ids))
         self._extend_hashes(req)
         self.R[R_KNOWN, req.row] = len(req.tokens)
+        self._open_row(req)
 
     @_locked
     def append_tokens_many(self, updates: Sequence[tuple[Hashable, Sequence[int]]]) -> None:
@@ -425,14 +466,20 @@ class NativeAllocator(RequestBook):
         reqs = self._record_tokens(updates)
         if reqs:
             self.R[R_KNOWN, self._rows_of(reqs)] = [len(req.tokens) for req in reqs]
+            for req in reqs:
+                self._open_row(req)
 
     def append_token_many(self, reqs: Sequence[_NativeRequest], tokens: Sequence[Any],
                           rows: np.ndarray | None = None) -> None:
         """One sampled token for each request record (each once: the caller's; ``rows``
         their rows if the caller has them), as ``append_tokens_many`` of one token each:
-        every token is checked before any is recorded. Under the caller's lock."""
-        if not all_ints_in_int64(tokens):
-            _check_tokens(list(tokens))  # InvalidArgument, saying why
+        every token is checked before any is recorded (``InvalidArgument``). Natively, each
+        row's block in progress takes its token and the blocks ended are hashed in the same
+        loop (``native_hash.appender``). Under the caller's lock."""
+        packed = packed_int64(tokens)
+        if packed is None:
+            tokens = _check_tokens(list(tokens))  # refused, saying why, or plain ints
+            packed = packed_int64(tokens)
         if not reqs:
             return
         n = len(reqs)
@@ -443,12 +490,36 @@ class NativeAllocator(RequestBook):
         if self._filled.shape[1] < n:
             self._filled = np.empty((3, 2 * n), np.int64)
         filled = self._filled[0]
-        nf = self._steps.count_known(self.pool.M, self.R,
-                                  self._rows_of(reqs) if rows is None else rows, n, filled)
+        if rows is None:
+            rows = self._rows_of(reqs)
+        if self._appending is not None:
+            if len(self._digest_out) < 32 * n:
+                self._digest_out = bytearray(64 * n)
+            nf = self._appending(self.R[R_KNOWN], rows, n, np.frombuffer(packed, np.int64),
+                                 self._open, self._parent, self._chained, self._digest_out,
+                                 filled, self._filled[1])
+            if nf:
+                self._take_digests(reqs, nf)
+            return
+        nf = self._steps.count_known(self.pool.M, self.R, rows, n, filled)
         if nf == 1:  # its last token ended a block: hash it
             self._extend_hashes(reqs[filled.item(0)])
         elif nf:
             self._hash_next_blocks([reqs[i] for i in filled[:nf].tolist()])
+
+    def _take_digests(self, reqs: Sequence[_NativeRequest], nf: int) -> None:
+        """The digests ``_append`` made for the ``nf`` blocks the appended tokens ended, each
+        appended to its request's, and the blocks it did not hash (a chain not open: the
+        first block, extra keys) hashed here."""
+        out, filled = self._digest_out, self._filled
+        for j, (i, hashed) in enumerate(zip(filled[0, :nf].tolist(),
+                                            filled[1, :nf].tolist(), strict=True)):
+            req = reqs[i]
+            if hashed:
+                req.hashes.append(int.from_bytes(out[32 * j:32 * j + 32], "big"))
+            else:
+                self._extend_hashes(req)
+                self._open_row(req)
 
     def _hash_next_blocks(self, reqs: list[_NativeRequest]) -> None:
         """``_extend_hashes`` of each request: those whose one new full block is not their
@@ -914,10 +985,30 @@ class NativeAllocator(RequestBook):
                                      gen[rec.table].tolist()):
                 found.append(("table_covers_reserved",
                               f"the launch rows of {rid!r} differ from its table"))
+        found += [("table_isolation", f"the open block or chain head of {rid!r} differ from "
+                   "its tokens and digests") for rid in self._mirror_mismatches()]
         if found:
             name, where = found[0]
             raise InvariantViolation(name, f"at {where!r}" + (
                 f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
+
+    def _mirror_mismatches(self) -> list[Hashable]:
+        """The requests whose row's block in progress or chain head (``_open_row``'s) is not
+        what their token and digest lists say (the digests ``_append`` makes would not be
+        their chain's)."""
+        if self._appending is None:
+            return []
+        B, out = self.block_size, []
+        for rid, req in self._requests.items():
+            row, tokens, hashes = req.row, req.tokens, req.hashes
+            start = len(tokens) - len(tokens) % B
+            part = pack_tokens(tokens[start:])
+            chained = bool(hashes) and not req.extra_keys and len(hashes) * B == start
+            if (self._open[row, :len(part)].tobytes() != part
+                    or bool(self._chained[row]) != chained
+                    or chained and self._parent[row].tobytes() != hashes[-1].to_bytes(32, "big")):
+                out.append(rid)
+        return out
 
     def block_generations(self) -> np.ndarray:
         """Each block's generation (a read-only copy): a launch's ``table_generations``."""

@@ -24,7 +24,7 @@ from typing import Any
 from . import hashing
 from .hashing import KIND_TOKENS, block_tails, pack_native, pack_tokens
 
-_Loops = tuple[Callable[..., Any], Callable[..., Any]]
+_Loops = tuple[Callable[..., Any], ...]
 _LOOPS: list[_Loops | None] = []  # the native loops (or None), on first use
 
 
@@ -104,6 +104,20 @@ def next_blocks(parents: list[int], tokens: list[int], block_size: int,
     return _digests(out, count)
 
 
+def appender(block_size: int) -> Callable[..., int] | None:
+    """A step's sampled tokens appended natively to rows of open blocks, each block they end
+    hashed where its row's chain is open (``native_sha._append``, with the messages of
+    ``block_size``-token blocks without extra keys: a digest is ``next_blocks``' of the
+    block's parent and tokens); None where hashing is not native. Called as ``loop(known,
+    rows, n, tokens, opened, parents, chained, out, filled, hashed)``, returning how many
+    blocks ended (see ``_append`` for the arrays)."""
+    loops = _native()
+    if loops is None:
+        return None
+    head = _PREFIX + _NO_PARENT + _tokens_header(8 * block_size)
+    return functools.partial(loops[2], head, len(_PREFIX), block_tails((), None)[0])
+
+
 def _tokens_header(width: int) -> bytes:
     return hashing._known_header(KIND_TOKENS, width)
 
@@ -115,4 +129,4 @@ def _digests(out: bytearray, count: int) -> list[int]:
     return list(map(int.from_bytes, _cut(count)(out), ("big",) * count))
 
 
-__all__ = ["chain_packed", "chain_tokens", "native", "next_blocks"]
+__all__ = ["appender", "chain_packed", "chain_tokens", "native", "next_blocks"]

@@ -2,8 +2,9 @@
 
 Imported on ``native_hash``'s first use (numba's import and the loop's cache load are paid by
 a process that hashes, not by every import of the allocator). ``LOOPS`` are the entry points
-of ``_chain`` (a chain's blocks) and ``_blocks`` (one block each of several chains), or None
-where libcrypto lacks the low-level calls.
+of ``_chain`` (a chain's blocks), ``_blocks`` (one block each of several chains) and
+``_append`` (a step's sampled tokens, each row's block hashed where one ends), or None where
+libcrypto lacks the low-level calls.
 """
 
 from __future__ import annotations
@@ -112,17 +113,71 @@ def _blocks(head, at_parent, parents, data, width, count, tail, out):
     return count
 
 
-def _entries(library: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """``_chain`` and ``_blocks`` linked against ``library``, as their entry points for the
-    types ``native_hash`` passes (past numba's type dispatch)."""
+@numba.njit(cache=True)
+def _append(head, at_parent, tail, known, rows, n, tokens, opened, parents, chained, out,
+            filled, hashed):
+    """One token id more for each row ``rows[i]`` (``tokens[i]``), in the rows' open blocks:
+    ``opened[r]`` holds the big-endian bytes of the tokens of row ``r``'s block in progress
+    (positions ``known[r] // bs * bs ..``, ``bs = opened.shape[1] // 8``), ``known[r]``
+    counts them all. A token that ends a block lists its index in ``filled`` and, where the
+    row's chain is open (``chained[r]``: its digests cover every block before this one, the
+    last in ``parents[r]``, with ``tail`` after each block's tokens), hashes the block as
+    ``_blocks`` would, into ``out`` (32 bytes each, in ``filled``'s order; ``hashed[j]`` 1)
+    and ``parents[r]``; else ``hashed[j]`` is 0 (the caller hashes it). Returns how many
+    blocks ended."""
+    width = opened.shape[1]
+    bs = width // 8
+    at_tokens = len(head)
+    message = np.empty(at_tokens + width + len(tail), np.uint8)
+    for k in range(at_tokens):
+        message[k] = head[k]
+    end = at_tokens + width
+    for k in range(len(tail)):
+        message[end + k] = tail[k]
+    ctx = np.empty(_CTX_BYTES, np.uint8)
+    digest = np.empty(32, np.uint8)
+    nf = 0
+    for i in range(n):
+        r = rows[i]
+        p = known[r]
+        t = tokens[i]
+        at = 8 * (p % bs)
+        for k in range(8):
+            opened[r, at + k] = (t >> (56 - 8 * k)) & 0xFF
+        known[r] = p + 1
+        if (p + 1) % bs:
+            continue
+        filled[nf] = i
+        hashed[nf] = chained[r]
+        if chained[r]:
+            for k in range(32):
+                message[at_parent + k] = parents[r, k]
+            for k in range(width):
+                message[at_tokens + k] = opened[r, k]
+            _digest(message, end + len(tail), ctx, digest)
+            for k in range(32):
+                parents[r, k] = out[32 * nf + k] = digest[k]
+        nf += 1
+    return nf
+
+
+def _entries(library: str) -> tuple[Callable[..., Any], ...]:
+    """``_chain``, ``_blocks`` and ``_append`` linked against ``library``, as their entry
+    points for the types ``native_hash`` passes (past numba's type dispatch)."""
     llvm.load_library_permanently(library)
     i64 = types.int64
     raw = types.Bytes(types.uint8, 1, "C", readonly=True)
     out = types.ByteArray(types.uint8, 1, "C")
+    vec = types.Array(types.int64, 1, "C")
+    u8_mat = types.Array(types.uint8, 2, "C")
+    u8_vec = types.Array(types.uint8, 1, "C")
     return (entry(_chain, raw, i64, raw, i64, i64, raw, raw, out),
-            entry(_blocks, raw, i64, raw, raw, i64, i64, raw, out))
+            entry(_blocks, raw, i64, raw, raw, i64, i64, raw, out),
+            entry(_append, raw, i64, raw, vec, types.Array(types.int64, 1, "A"), i64,
+                  types.Array(types.int64, 1, "C", readonly=True), u8_mat, u8_mat, u8_vec,
+                  out, vec, vec))
 
 
 _LIBRARY = _libcrypto()
-LOOPS: tuple[Callable[..., Any], Callable[..., Any]] | None = (
+LOOPS: tuple[Callable[..., Any], ...] | None = (
     _entries(_LIBRARY) if _LIBRARY is not None else None)

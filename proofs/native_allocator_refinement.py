@@ -4,7 +4,9 @@
 (``proofs.refinement``); ``NativeAllocator`` (the request layer's step-level calls as native
 loops over a ``NativePool``) is held here to ``BlockAllocator`` on seeded random workloads of
 the calls it has: admissions with prefix hits (prompts share prefixes), growth one request
-and many at a time, tokens appended, launches published and completed in any order, commits
+and many at a time, tokens appended (a step's one sampled token each also through
+``append_token_many``, which hashes the blocks they end natively), launches published and
+completed in any order, commits
 (some refused: past what was issued, written or known), frees (some under launches in flight),
 and bad arguments. Both must return the same values (tables, entries added, hit tokens, every
 array of a launch) or raise the same error types, and end every call in the same pool state,
@@ -130,9 +132,18 @@ def random_workload(seed: int, checked: bool, steps: int = 200) -> AllocatorPair
                 grow.append((rid, base + rng.randint(-1 if rng.random() < 0.03 else 0, 2 * B)))
             pair.do("allocate_many", lambda a: a.allocate_many(grow))
         elif op < 0.5 and live:
-            toks = [(rid, [rng.randrange(50) for _ in range(rng.randint(1, 2))])
+            most = 1 if rng.random() < 0.5 else 2
+            toks = [(rid, [rng.randrange(50) for _ in range(rng.randint(1, most))])
                     for rid in some(live, 8)]
-            pair.do("append_tokens_many", lambda a: a.append_tokens_many(toks))
+            rids = [rid for rid, _ in toks]
+            if (most == 1 and len(set(rids)) == len(rids)
+                    and set(rids) <= set(pair.nat._requests)):
+                # a step's sampled tokens: the native one-token-each path (natively hashed)
+                pair.do("append_token_many", lambda a: a.append_tokens_many(toks)
+                        if a is pair.ref else a.append_token_many(
+                            [a._requests[rid] for rid in rids], [t[0] for _, t in toks]))
+            else:
+                pair.do("append_tokens_many", lambda a: a.append_tokens_many(toks))
         elif op < 0.65 and run:
             chosen = some(run, 4)
             got = pair.do("publish", lambda a: a.publish(chosen))
