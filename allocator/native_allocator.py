@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pagedkv.spec import Transition, initial_request_state, violations
+from pagedkv.spec import NO_HASH, Transition, initial_request_state, violations
 from pagedkv.spec.request_spec import REQUEST_SPEC, RequestSpec, as_request_spec
 
 from . import native_hash
@@ -158,16 +158,24 @@ class NativeAllocator(RequestBook):
         self._fused = [np.empty(64, np.int64) for _ in range(5)]
         self._cached = np.empty(64, np.int64)  # _cache_filled's blocks and holders
         self._holders = np.empty(64, np.int64)
-        # Each row's block in progress (its tokens' big-endian bytes) and chain head (the
-        # last digest, where ``_chained``), for sampled tokens appended and hashed natively
-        # (``native_hash.appender``; None where hashing is not native): a mirror of the
-        # request's token and digest lists, set from them wherever Python changes those.
+        # A mirror of each request's token and digest lists, set from them wherever Python
+        # changes those: its row's block in progress (its tokens' big-endian bytes), chain
+        # head (the last digest, where ``_chained``) and digests (``D``: each as the four
+        # words the digest table keys on). Sampled tokens are appended and hashed natively
+        # from it (``native_hash.appender``; None where hashing is not native), a commit's
+        # filled blocks interned from ``D`` (``native_digests.intern_rows``), a lookup's
+        # hits read from it (``leading_in_row``).
         self._appending = (native_hash.appender(self.block_size)
                            if sys.byteorder == "little" else None)
         self._open = np.zeros((rows, 8 * self.block_size), np.uint8)
         self._parent = np.zeros((rows, 32), np.uint8)
         self._chained = np.zeros(rows, np.uint8)
+        from .native_digests import WORDS  # (numba's, as NativePool's own import of it)
+
+        self.D = np.zeros((rows, 16, WORDS), np.int64)
         self._mirror_bytes()
+        self._interned = np.empty(64, np.int64)  # a commit's hash slots
+        self._lead = np.empty((2, 64), np.int64)  # a lookup's hit slots and blocks
         self._digest_out = bytearray(32 * 64)
         self._load_loops()
         from .native_entry import step_loops  # (numba's: imported once the module is)
@@ -201,6 +209,7 @@ class NativeAllocator(RequestBook):
             self._open = np.concatenate([self._open, np.zeros_like(self._open[:grow])])
             self._parent = np.concatenate([self._parent, np.zeros_like(self._parent[:grow])])
             self._chained = np.concatenate([self._chained, np.zeros(grow, np.uint8)])
+            self.D = np.concatenate([self.D, np.zeros_like(self.D[:grow])])
             self._mirror_bytes()
         return row
 
@@ -255,10 +264,13 @@ class NativeAllocator(RequestBook):
             if cache_salt is not None and not isinstance(cache_salt, str | bytes):
                 raise InvalidArgument("cache_salt must be str, bytes or None")
             req = _NativeRequest(rid, tokens, cache_salt, normalize_extra_keys(extra_keys), -1)
-            req.hashes = native_hash.chain_packed(  # (the tokens as the check packed them)
-                0, packed, len(tokens) // self.block_size, self.block_size, req.extra_keys,
+            count = len(tokens) // self.block_size
+            raw = native_hash.chain_packed_bytes(  # (the tokens as the check packed them)
+                0, packed, count, self.block_size, req.extra_keys,
                 None if cache_salt is None else salt_bytes(cache_salt))
+            req.hashes = native_hash.digests_of(raw, count)
         else:
+            raw = None
             req = _NativeRequest(rid, again.tokens, again.salt, again.extra_keys, -1)
             req.hashes = again.hashes
             self._extend_hashes(req)
@@ -268,16 +280,21 @@ class NativeAllocator(RequestBook):
         self.R[R_HOLDER, row] = self.pool._slot[rid]
         self.R[R_KNOWN, row] = len(req.tokens)
         self._requests[rid] = req
-        self._open_row(req)
+        self._open_row(req, raw)
         return req
 
-    def _open_row(self, req: _NativeRequest) -> None:
-        """The row's block in progress and chain head set from the request's lists (after
-        Python changed them): its chain is open if its digests cover every full block, it
-        has one, and it takes no extra keys (``_append`` hashes the next block then)."""
-        if self._appending is None:
-            return
+    def _open_row(self, req: _NativeRequest, raw: bytes | bytearray | None = None) -> None:
+        """The row's mirror set from the request's lists (after Python changed them; ``raw``:
+        its digests' bytes where the caller has them): its digests, block in progress and
+        chain head. Its chain is open if its digests cover every full block, it has one,
+        and it takes no extra keys (``_append`` hashes the next block then)."""
         B, row, tokens, hashes = self.block_size, req.row, req.tokens, req.hashes
+        n = len(hashes)
+        if n:
+            self._room_for_digests(n)
+            at = row * self.D.shape[1] * 32
+            self._digest_bytes[at:at + 32 * n] = (
+                b"".join([h.to_bytes(32, "big") for h in hashes]) if raw is None else raw)
         start = len(tokens) - len(tokens) % B
         if start < len(tokens):
             at = row * 8 * B
@@ -287,12 +304,25 @@ class NativeAllocator(RequestBook):
         if chained:
             self._parent_bytes[32 * row:32 * row + 32] = hashes[-1].to_bytes(32, "big")
 
+    def _room_for_digests(self, n: int) -> None:
+        """Rows of ``D`` at least ``n`` digests wide (doubled: amortized O(1) a digest)."""
+        width = self.D.shape[1]
+        if n > width:
+            while width < n:
+                width *= 2
+            wider = np.zeros((self.D.shape[0], width, self.D.shape[2]), np.int64)
+            wider[:, :self.D.shape[1]] = self.D
+            self.D = wider
+            self._mirror_bytes()
+
     def _mirror_bytes(self) -> None:
         """Flat byte views of the mirror's arrays, for ``_open_row``'s writes (a slice of a
         memoryview takes bytes at memcpy's cost; a numpy slice converts them first)."""
         self._open_bytes = memoryview(self._open).cast("B")
         self._parent_bytes = memoryview(self._parent).cast("B")
         self._chained_bytes = memoryview(self._chained)
+        self._digest_bytes = memoryview(self.D).cast("B")
+        self._digest_rows = self.D.reshape(self.D.shape[0], -1).view(np.uint8)
 
     @_locked
     def allocate(self, rid: Hashable, num_tokens: int) -> list[int]:
@@ -379,7 +409,7 @@ class NativeAllocator(RequestBook):
         i, status, detail, nev, nt = found
         pool, S, mod = self.pool, self._S, self.mod
         if nev:
-            pool._forget_hashes(S[0, :nev].tolist())
+            pool._forget_hashes(S[0, :nev])
         if self.checked and nt:
             pool._check_touched("take_many", S[2], nt)
         if status == mod.STEP_OK:
@@ -497,15 +527,18 @@ class NativeAllocator(RequestBook):
                 self._digest_out = bytearray(64 * n)
             nf = self._appending(self.R[R_KNOWN], rows, n, np.frombuffer(packed, np.int64),
                                  self._open, self._parent, self._chained, self._digest_out,
-                                 filled, self._filled[1])
+                                 filled, self._filled[1], self._digest_rows)
             if nf:
                 self._take_digests(reqs, nf)
             return
         nf = self._steps.count_known(self.pool.M, self.R, rows, n, filled)
+        ended = [reqs[i] for i in filled[:nf].tolist()]
         if nf == 1:  # its last token ended a block: hash it
-            self._extend_hashes(reqs[filled.item(0)])
+            self._extend_hashes(ended[0])
         elif nf:
-            self._hash_next_blocks([reqs[i] for i in filled[:nf].tolist()])
+            self._hash_next_blocks(ended)
+        for req in ended:
+            self._open_row(req)
 
     def _take_digests(self, reqs: Sequence[_NativeRequest], nf: int) -> None:
         """The digests ``_append`` made for the ``nf`` blocks the appended tokens ended, each
@@ -515,8 +548,13 @@ class NativeAllocator(RequestBook):
         for j, (i, hashed) in enumerate(zip(filled[0, :nf].tolist(),
                                             filled[1, :nf].tolist(), strict=True)):
             req = reqs[i]
-            if hashed:
+            if hashed == 1:
                 req.hashes.append(int.from_bytes(out[32 * j:32 * j + 32], "big"))
+            elif hashed:  # (made, but its row of D had no room for it)
+                req.hashes.append(int.from_bytes(out[32 * j:32 * j + 32], "big"))
+                self._room_for_digests(len(req.hashes))
+                at = (req.row * self.D.shape[1] + len(req.hashes) - 1) * 32
+                self._digest_bytes[at:at + 32] = out[32 * j:32 * j + 32]
             else:
                 self._extend_hashes(req)
                 self._open_row(req)
@@ -562,10 +600,7 @@ class NativeAllocator(RequestBook):
             start, limit = 0, self.spec.hit_limit(counts[0], counts[1], self.block_size)
         else:
             start, limit = len(memo.hits), memo.limit
-        if start >= limit or pool.misses(req.hashes[start]):  # (the usual miss, read alone)
-            found = slots = _NONE
-        else:
-            found, slots = pool._leading(req.hashes[start:limit])
+        found, slots = self._leading_in_row(req.row, start, limit)
         if not len(found):
             req.hit_memo = memo or _HitMemo(counts, slots, slots, slots, [], limit)
             return list(memo.hits) if memo else []
@@ -576,6 +611,22 @@ class NativeAllocator(RequestBook):
                                 self.spec.hit_limit(counts[0], counts[1], self.block_size,
                                                     len(more)))
         return list(more)
+
+    def _leading_in_row(self, row: int, start: int, stop: int) -> tuple[np.ndarray, ...]:
+        """The blocks registered under the row's digests ``start .. stop - 1`` up to the
+        first that is not (its prefix hits from ``start``), and their hash slots, read
+        natively from ``D``."""
+        if start >= stop:
+            return _NONE, _NONE
+        if self._lead.shape[1] < stop - start:
+            self._lead = np.empty((2, 2 * (stop - start)), np.int64)
+        pool, lead = self.pool, self._lead
+        t = pool._table
+        k = t.loops.leading_in_row(t.W, t.IX, pool.X, self.D, row, start, stop, lead[0],
+                                   lead[1])
+        if not k:
+            return _NONE, _NONE
+        return lead[1, :k].copy(), lead[0, :k].copy()
 
     def count_takeable(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` (ids of the pool) an allocation could take (the spec's
@@ -869,25 +920,32 @@ class NativeAllocator(RequestBook):
         into ``rids`` / ``rows`` and entries first .. full - 1) enter the prefix cache (spec:
         commit), each PUBLISHED one whose hash is not cached yet, request by request in order
         (one native loop over all of them)."""
-        pool, requests = self.pool, self._requests
-        digests: list[int] = []
-        for i, first, full in filled[:, :nf].T.tolist():
-            digests += requests[rids[i]].hashes[first:full]
-        n = len(digests)
-        slots = pool._chain_slot_vector(digests)  # (chain_digests' own)
+        pool = self.pool
+        t = pool._table
+        while True:  # (the digests of their rows of D interned natively)
+            n = t.loops.intern_rows(t.W, t.IX, t.FREE, t.DM, pool.G, self.D, rows, filled,
+                                    nf, self._interned)
+            if n >= 0:
+                break
+            if n == -1:
+                pool._grow_hash_slots()
+            else:
+                self._interned = np.empty(2 * len(self._interned), np.int64)
+        slots = self._interned[:n]
         if len(self._cached) < n:
             self._cached = np.empty(2 * n, np.int64)
             self._holders = np.empty(2 * n, np.int64)
         bs, holders = self._cached, self._holders
         failed, orphaned = self._steps.cache_filled(*self._arrays, rows, filled, nf, slots,
                                                     bs, holders)
+        h = t.digest(int(slots[failed])) if failed >= 0 else NO_HASH
         if orphaned:
             pool._release_hashes(slots)  # the digest of a block not committed goes
         if pool.checked:
             pool._check_touched("commit", bs, n if failed < 0 else failed)
         if failed >= 0:
             holder = next(r for r, slot in pool._slot.items() if slot == holders[failed])
-            pool._refuse("commit", b=int(bs[failed]), r=holder, h=digests[failed])
+            pool._refuse("commit", b=int(bs[failed]), r=holder, h=h)
 
     # ---- frees ----------------------------------------------------------------------------------
     @_locked
@@ -996,17 +1054,17 @@ class NativeAllocator(RequestBook):
         """The requests whose row's block in progress or chain head (``_open_row``'s) is not
         what their token and digest lists say (the digests ``_append`` makes would not be
         their chain's)."""
-        if self._appending is None:
-            return []
         B, out = self.block_size, []
         for rid, req in self._requests.items():
             row, tokens, hashes = req.row, req.tokens, req.hashes
             start = len(tokens) - len(tokens) % B
             part = pack_tokens(tokens[start:])
             chained = bool(hashes) and not req.extra_keys and len(hashes) * B == start
+            digests = b"".join([h.to_bytes(32, "big") for h in hashes])
             if (self._open[row, :len(part)].tobytes() != part
                     or bool(self._chained[row]) != chained
-                    or chained and self._parent[row].tobytes() != hashes[-1].to_bytes(32, "big")):
+                    or chained and self._parent[row].tobytes() != hashes[-1].to_bytes(32, "big")
+                    or self.D[row, :len(hashes)].tobytes() != digests):
                 out.append(rid)
         return out
 

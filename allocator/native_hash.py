@@ -68,18 +68,25 @@ def chain_packed(parent: int, data: bytes, count: int, block_size: int,
                  keys: tuple[str | int | bytes, ...], salt: bytes | None) -> list[int]:
     """``chain_tokens`` of the first ``count`` blocks of tokens already packed
     (``pack_native``: ``data`` holds at least ``count`` blocks)."""
+    return digests_of(chain_packed_bytes(parent, data, count, block_size, keys, salt), count)
+
+
+def chain_packed_bytes(parent: int, data: bytes, count: int, block_size: int,
+                       keys: tuple[str | int | bytes, ...], salt: bytes | None) -> bytearray:
+    """``chain_packed``'s digests as their 32 big-endian bytes each, in one byte string."""
     width = 8 * block_size
     if len(data) < count * width:
         raise ValueError(f"{count} blocks need {count * width} bytes, got {len(data)}")
     loops = _LOOPS[0] if _LOOPS else _native()
     if loops is None:
         tokens = struct.unpack(f"<{count * block_size}q", data[:count * width])
-        return hashing.chain_digests(parent, pack_tokens(tokens), width, count, keys, salt)
+        return bytearray(b"".join(h.to_bytes(32, "big") for h in hashing.chain_digests(
+            parent, pack_tokens(tokens), width, count, keys, salt)))
     tail, first_tail = block_tails(keys, salt)
     out = bytearray(32 * count)
     loops[0](_PREFIX + parent.to_bytes(32, "big") + _tokens_header(width), len(_PREFIX),
              data, width, count, tail, first_tail, out)
-    return _digests(out, count)
+    return out
 
 
 def next_blocks(parents: list[int], tokens: list[int], block_size: int,
@@ -101,7 +108,7 @@ def next_blocks(parents: list[int], tokens: list[int], block_size: int,
     loops[1](_PREFIX + _NO_PARENT + _tokens_header(width), len(_PREFIX),
              b"".join([p.to_bytes(32, "big") for p in parents]), pack_native(tokens), width,
              count, tail, out)
-    return _digests(out, count)
+    return digests_of(out, count)
 
 
 def appender(block_size: int) -> Callable[..., int] | None:
@@ -122,11 +129,12 @@ def _tokens_header(width: int) -> bytes:
     return hashing._known_header(KIND_TOKENS, width)
 
 
-def _digests(out: bytearray, count: int) -> list[int]:
+def digests_of(out: bytes | bytearray, count: int) -> list[int]:
     """``count`` 32-byte big-endian digests as ints."""
     if count == 1:
         return [int.from_bytes(out, "big")]
     return list(map(int.from_bytes, _cut(count)(out), ("big",) * count))
 
 
-__all__ = ["appender", "chain_packed", "chain_tokens", "native", "next_blocks"]
+__all__ = ["appender", "chain_packed", "chain_packed_bytes", "chain_tokens", "digests_of",
+           "native", "next_blocks"]

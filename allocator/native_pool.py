@@ -153,7 +153,7 @@ class _HashRow:
         self._pool = pool
 
     def __getitem__(self, b: Any) -> Any:
-        return self._pool._digest[self._pool.B[ROW["hash"], b]]
+        return self._pool._table.digest(self._pool.B[ROW["hash"], b])
 
 
 class _HashMap:
@@ -163,8 +163,7 @@ class _HashMap:
         self._pool = pool
 
     def __getitem__(self, h: Any) -> int:
-        slot = self._pool._hslot.get(h)
-        return NO_BLOCK if slot is None else int(self._pool.X[slot])
+        return int(self._pool.X[self._pool._slot_of(h)])
 
 
 class _Holder:
@@ -256,14 +255,16 @@ class NativePool:
         self.X = np.full(64, NO_BLOCK, np.int64)
         self._slot: dict[Hashable, int] = {}
         self._free_slots = list(range(self.H.shape[1] - 1, UNKNOWN_HOLDER, -1))
-        self._hslot: dict[int, int] = {}
-        self._digest: list[int] = [NO_HASH] * len(self.X)
-        self._free_hslots = list(range(len(self.X) - 1, 0, -1))
-        # Per hash slot, the stamp of the interning it holds (a count that never repeats,
-        # not even across ``load``): a slot and its stamp name one digest's interning, so a
-        # request's hits found earlier can be checked still current (``current_prefix``).
+        # The digests interned into hash slots (``native_digests``), and per slot the stamp
+        # of the interning it holds (a count that never repeats, not even across ``load``): a
+        # slot and its stamp name one digest's interning, so a request's hits found earlier
+        # can be checked still current (``current_prefix``).
+        from .native_digests import DigestTable, words_of  # (numba's, as native_entry)
+
+        self._words_of = words_of
+        table = getattr(self, "_table", None)
+        self._table = DigestTable(len(self.X), 0 if table is None else table.stamp)
         self.G = np.zeros(len(self.X), np.int64)
-        self._stamp = getattr(self, "_stamp", 0)
         self.retire_queue: deque[tuple[int, int]] = deque()
         # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).
         self._scratch = np.empty((3, 64), np.int64)
@@ -308,16 +309,7 @@ class NativePool:
             h = check_count(h, "hash", MAX_HASH)
         if h == NO_HASH:
             return 0
-        slot = self._hslot.get(h)
-        if slot is None:
-            if not self._free_hslots:
-                self._grow_hash_slots()
-            slot = self._free_hslots.pop()
-            self._hslot[h] = slot
-            self._digest[slot] = h
-            self._stamp += 1
-            self.G[slot] = self._stamp
-        return slot
+        return int(self._intern_words(self._words_of([h]))[0])
 
     def _hash_slots(self, digests: Sequence[int]) -> list[int]:
         """``_hash_slot`` of each digest, all or none interned: where all are plain ints in
@@ -338,68 +330,79 @@ class NativePool:
 
     def _chain_slots(self, digests: Sequence[int]) -> list[int]:
         """The slots of digests known to be ints in ``(NO_HASH, MAX_HASH]`` (checked, or
-        ``hashing.chain_digests``' own): one dict read each, the new ones interned together."""
-        slots = list(map(self._hslot.get, digests))
-        if None in slots:
-            self._intern_new(list(dict.fromkeys(
-                [h for h, slot in zip(digests, slots, strict=True) if slot is None])))
-            slots = list(map(self._hslot.__getitem__, digests))
-        return slots  # type: ignore[return-value]
+        ``hashing.chain_digests``' own), the new ones interned."""
+        return self._chain_slot_vector(digests).tolist()
 
-    def _chain_slot_vector(self, digests: list[int]) -> np.ndarray:
-        """``_chain_slots`` as an int64 vector (the new digests are usually all of them: a
-        commit's blocks just computed)."""
-        hslot = self._hslot
-        new = [h for h in digests if h not in hslot]
-        if new:
-            self._intern_new(list(dict.fromkeys(new)))
-        return np.fromiter(map(hslot.__getitem__, digests), _INT64, len(digests))
+    def _chain_slot_vector(self, digests: Sequence[int]) -> np.ndarray:
+        """``_chain_slots`` as an int64 vector."""
+        if not len(digests):
+            return _NONE.copy()
+        return self._intern_words(self._words_of(digests))
 
-    def _intern_new(self, digests: list[int]) -> None:
-        """Slots for these distinct digests, none interned yet."""
-        free = self._free_hslots
-        while len(free) < len(digests):
+    def _intern_words(self, words: np.ndarray) -> np.ndarray:
+        """The slots of these digests (rows of words), the new ones interned in order (the
+        table grown first where its free slots run out)."""
+        out = np.empty(len(words), _INT64)
+        t = self._table
+        while t.loops.intern_words(t.W, t.IX, t.FREE, t.DM, self.G, words, len(words),
+                                   out) < 0:
             self._grow_hash_slots()
-            free = self._free_hslots
-        got = free[-len(digests):]
-        del free[-len(digests):]
-        self._hslot.update(zip(digests, got, strict=True))
-        G, slot_digest, stamp = self.G, self._digest, self._stamp
-        for slot, h in zip(got, digests, strict=True):  # (cheaper than C maps for a few)
-            stamp += 1
-            G[slot] = stamp
-            slot_digest[slot] = h
-        self._stamp = stamp
+        return out
 
     def _grow_hash_slots(self) -> None:
         """Twice the hash slots (the new ones free)."""
         old = len(self.X)
+        self._table.grow()
         self.X = np.concatenate([self.X, np.full(old, NO_BLOCK, np.int64)])
         self.G = np.concatenate([self.G, np.zeros(old, np.int64)])
-        self._digest += [NO_HASH] * old
-        self._free_hslots = list(range(2 * old - 1, old - 1, -1)) + self._free_hslots
+
+    def _slot_of(self, h: Any) -> int:
+        """The slot digest ``h`` is interned in, or 0 (as for anything but an int in
+        ``(NO_HASH, MAX_HASH]``; an unhashable ``h``: ``InvalidArgument``)."""
+        if type(h) is not int:
+            try:
+                hash(h)
+            except TypeError:
+                raise InvalidArgument("hashes must be hashable digests") from None
+            if not isinstance(h, int) or isinstance(h, bool):
+                return 0
+            h = int(h)
+        return self._table.slot_of(h) if NO_HASH < h <= MAX_HASH else 0
 
     def _release_hashes(self, slots: np.ndarray) -> None:
         """``_release_hash`` of each slot (the digests left with no block go): what a commit
         not made leaves behind."""
-        gone = slots[(slots != 0) & (self.X[slots] == NO_BLOCK)]
-        if gone.size:
-            slot_digest = self._digest
-            self._forget_hashes([s for s in dict.fromkeys(gone.tolist())
-                                 if slot_digest[s] != NO_HASH])
+        t = self._table
+        t.loops.forget(t.W, t.IX, t.FREE, t.DM, self.X, slots, len(slots))
 
-    def _forget_hashes(self, slots: list[int]) -> None:
+    def _forget_hashes(self, slots: np.ndarray) -> None:
         """The digests of these distinct interned slots, none naming a block now (an
         eviction's: each evicted block's own hash), go."""
-        slot_digest, hslot = self._digest, self._hslot
-        for slot in slots:
-            del hslot[slot_digest[slot]]
-            slot_digest[slot] = NO_HASH
-        self._free_hslots += slots
+        self._release_hashes(slots)
 
     def _release_hash(self, slot: int) -> None:
-        if slot and self.X[slot] == NO_BLOCK and self._digest[slot] != NO_HASH:
-            self._forget_hashes([slot])
+        one = self._one_block
+        one[0] = slot
+        self._release_hashes(one)
+
+    @property
+    def _hslot(self) -> dict[int, int]:
+        """Each interned digest's slot (a copy: for tests and cold reads)."""
+        return dict(self._table.items())
+
+    @property
+    def _digest(self) -> list[int]:
+        """Each slot's digest (NO_HASH where free; a copy)."""
+        out = [NO_HASH] * len(self.X)
+        for h, slot in self._table.items():
+            out[slot] = h
+        return out
+
+    @property
+    def _free_hslots(self) -> list[int]:
+        """The free hash slots, the next one taken last (a copy)."""
+        t = self._table
+        return t.FREE[:t.free_count()].tolist()
 
     def _scratch_for(self, k: int) -> np.ndarray:
         """Scratch rows of at least k entries (grown by doubling: amortized O(1))."""
@@ -561,7 +564,7 @@ class NativePool:
             taken, nev, nt, refused, status = found
             done += taken
             if nev:
-                self._forget_hashes(S[1, :nev].tolist())
+                self._forget_hashes(S[1, :nev])
             if self.checked:
                 self._check_touched("take_many", S[2], nt)
             if not status:
@@ -697,7 +700,7 @@ class NativePool:
             if r is not None:
                 args["r"] = r
             if "h" in args:
-                args["h"] = self._digest[args["h"]]
+                args["h"] = self._table.digest(args["h"])
             self._refuse(name, **args)
 
     def _each(self, name: str, loop: Any, bs: np.ndarray, r: Hashable, *rest: int) -> None:
@@ -829,10 +832,7 @@ class NativePool:
     # ---- reads -----------------------------------------------------------------------------------
     def lookup(self, h: int) -> int | None:
         """The block registered under digest h, or None."""
-        slot = self._hslot.get(h)
-        if slot is None:
-            return None
-        b = self.X.item(slot)  # (a Python int, without a NumPy scalar)
+        b = self.X.item(self._slot_of(h))  # (a Python int, without a NumPy scalar)
         return None if b == NO_BLOCK else b
 
     def lookup_many(self, hashes: Sequence[int]) -> np.ndarray:
@@ -843,9 +843,12 @@ class NativePool:
     def _slots_of(self, hashes: Sequence[int]) -> np.ndarray:
         """The hash slot of each digest (slot 0, naming no block, where it is not interned)."""
         try:
-            return np.fromiter(map(self._hslot.get, hashes, itertools.repeat(0)), _INT64,
-                               len(hashes))
-        except TypeError:
+            if all_ints(hashes) and (not hashes or min(hashes) > NO_HASH
+                                     and max(hashes) <= MAX_HASH):
+                return (self._table.find(self._words_of(hashes)) if len(hashes)
+                        else _NONE.copy())
+            return np.fromiter(map(self._slot_of, hashes), _INT64, len(hashes))
+        except (TypeError, InvalidArgument):
             raise InvalidArgument("hashes must be a sequence of hashable digests") from None
 
     def prefix_hits(self, hashes: Sequence[int]) -> np.ndarray:
@@ -855,15 +858,15 @@ class NativePool:
 
     def misses(self, h: int) -> bool:
         """Whether no block is registered under the digest h (an int: no check)."""
-        return self.X.item(self._hslot.get(h, 0)) == NO_BLOCK
+        return self.X.item(self._slot_of(h)) == NO_BLOCK
 
     def _prefix_slots(self, hashes: Sequence[int]) -> np.ndarray | None:
         """The hash slots of ``hashes``, or None where the first names no block. The first
         digest is read alone: where it misses (a request sharing no prefix), none of the
         rest is."""
         try:
-            first = self._hslot.get(hashes[0], 0) if len(hashes) else 0
-        except TypeError:
+            first = self._slot_of(hashes[0]) if len(hashes) else 0
+        except (TypeError, InvalidArgument):
             raise InvalidArgument("hashes must be a sequence of hashable digests") from None
         if self.X[first] == NO_BLOCK:
             return None
@@ -912,7 +915,8 @@ class NativePool:
                 continue
             values = self.B[ROW[f], :n].tolist()
             if f == "hash":
-                values = [self._digest[s] for s in values]
+                digest = self._table.digest
+                values = [digest(s) if s else NO_HASH for s in values]
             elif f in ("init", "queued"):
                 values = [bool(v) for v in values]
             getattr(p, f)[:] = values
@@ -921,7 +925,7 @@ class NativePool:
         p.queue.length = int(self.M[ns.QLEN])
         p.count[:] = self.M[COUNT0:COUNT0 + CLOCK0].tolist()
         p.clock[:] = self.M[CLOCK0:CLOCK0 + 2].tolist()
-        p.hmap.update({d: int(self.X[s]) for d, s in self._hslot.items()
+        p.hmap.update({d: int(self.X[s]) for d, s in self._table.items()
                        if self.X[s] != NO_BLOCK})
         p.inflight.update(self.launches())
         for r, slot in self._slot.items():
@@ -951,10 +955,10 @@ class NativePool:
         digests = sorted({h for h in (*p.hash, *p.hmap) if h != NO_HASH})
         for h in digests:
             self._hash_slot(h)
-        B[ROW["hash"], :n] = [self._hslot.get(h, 0) for h in p.hash]
+        B[ROW["hash"], :n] = [self._slot_of(h) for h in p.hash]
         for h, b in p.hmap.items():
             if h != NO_HASH:
-                self.X[self._hslot[h]] = b
+                self.X[self._slot_of(h)] = b
         self.M[COUNT0:COUNT0 + CLOCK0] = p.count
         self.M[CLOCK0:CLOCK0 + 2] = p.clock
         self.M[ns.QLEN] = p.queue.length
@@ -990,7 +994,7 @@ class NativePool:
         mirror.queue.length = p.queue.length
         mirror.cached_busy = self.cached_busy
         mirror.retire_queue.extend(self.retire_queue)
-        return errors + mirror.structure_errors()
+        return errors + self._table.structure_errors() + mirror.structure_errors()
 
 
 # ---- the self-check: generated code against the interpreted spec -------------------------------
@@ -1044,7 +1048,7 @@ def self_check(mod: ModuleType, spec: Mapping[str, Transition],
                 for mine, saved in zip((pool.B, pool.M, pool.H, pool.K, pool.X), arrays,
                                        strict=True):
                     mine[...] = saved  # back to pre (the slots and sizes are unchanged)
-                col = [pool._slot[v] if p == "r" else pool._hslot.get(v, 0) if p == "h"
+                col = [pool._slot[v] if p == "r" else pool._slot_of(v) if p == "h"
                        else v for p, v in kw.items()]
                 P = np.array(col, np.int64).reshape(len(col), 1)
                 ran = run(pool.B, pool.M, pool.H, pool.K, pool.X, P, 1) == 1
@@ -1109,7 +1113,7 @@ def _rules_disagree(mod: ModuleType, rules: tuple[Any, Any] | None) -> str | Non
             if mod.g_takeable(*arrays, b) != bool(takeable(CONCRETE, pre.view, b)):
                 return f"takeable({b})"
             for h in (*pre.hmap, NO_HASH, MAX_HASH):  # registered, none, one never seen
-                slot = pool._hslot.get(h, 0)
+                slot = pool._slot_of(h)
                 if mod.g_cache_due(*arrays, b, slot) != bool(cache_due(CONCRETE, pre.view, b, h)):
                     return f"cache_due({b}, {h})"
     return None
