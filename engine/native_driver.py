@@ -332,7 +332,13 @@ class NativeDriver:
                                          self._advancing)
             if bad >= 0:
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
-            if k:
+            scheduled = self._scheduled
+            if (k == n == len(scheduled) and not self._launched
+                    and rids == list(scheduled)):  # (the step's launch: these, in order)
+                self._launched.update(rids)
+                scheduled.clear()
+                alloc._launch_and_commit(tuple(rids), rows_a)
+            elif k:
                 self._launch_covering(rids, k)
             self._computed[rows_a] = news_a
 

@@ -211,3 +211,21 @@ def test_preemption_keeps_the_tokens_and_their_hashes():
     assert d.add("r0") == 4  # its own first block was cached when its launch completed
     assert d.alloc._requests["r0"].hashes[:len(hashes)] == hashes
     assert d.num_tokens("r0") == 8
+
+
+def test_a_step_runs_one_launch_however_its_commits_come():
+    """The step's first commit launches every request allocated since ``step()`` (in the
+    order allocated); later commits of those requests in the same step are covered by it."""
+    d = _running()
+    clock = d.alloc.pool.view.clock
+    d.step()
+    d.allocate_running(["r0", "r1", "r2"], [3, 3, 3])
+    for rid in ("r0", "r1", "r2"):
+        d.append(rid, 11)
+    before = int(clock[0])
+    d.commit_many([("r0", 7), ("r1", 7), ("r2", 7)])  # the step's launch, of all three
+    assert int(clock[0]) == before + 1
+    d.commit_many([("r0", 8), ("r1", 8)])
+    d.commit("r2", 8)
+    assert int(clock[0]) == before + 1
+    assert [d.num_computed(r) for r in ("r0", "r1", "r2")] == [8, 8, 8]
