@@ -132,6 +132,7 @@ class NativeAllocator(RequestBook):
             raise InvalidArgument(str(exc)) from None
         self.pool = NativePool(num_blocks, block_size, checked=checked,
                                spec=None if spec is None else self.spec.pool)
+        self.pool._known_complete = False  # (its commits intern digests from the rows, D)
         rules = (self.spec.commit_bounds, self.spec.slots_written)
         default = rules == (REQUEST_SPEC.commit_bounds, REQUEST_SPEC.slots_written)
         self.mod = self.pool.mod if default else native_module(self.pool.spec, rules)

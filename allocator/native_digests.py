@@ -145,19 +145,21 @@ def find_words(W, IX, words, n, out):
 
 
 @numba.njit(cache=True)
-def forget(W, IX, FREE, DM, X, slots, n):
+def forget(W, IX, FREE, DM, X, slots, n, gone):
     """Forget the digest of each of ``slots[:n]`` that is interned and names no block in the
     map ``X`` (slot 0, a free slot and a repeated one are passed over): an eviction's, or a
-    commit's not made. Returns how many were forgotten."""
-    gone = 0
+    commit's not made. The slots forgotten go into ``gone`` (as long as ``slots``); returns
+    how many."""
+    k = 0
     for i in range(n):
         s = slots[i]
         if s <= 0 or X[s] != NO_BLOCK or (W[s, 0] == 0 and W[s, 1] == 0 and W[s, 2] == 0
                                           and W[s, 3] == 0):
             continue
         _remove(W, IX, FREE, DM, s)
-        gone += 1
-    return gone
+        gone[k] = s
+        k += 1
+    return k
 
 
 @numba.njit(cache=True)
@@ -196,7 +198,7 @@ class DigestLoops:
         self.intern_rows = entry(intern_rows, MAT, VEC, VEC, VEC, VEC, _D3, _ANY, MAT, I64,
                                  VEC)
         self.find_words = entry(find_words, MAT, VEC, MAT, I64, VEC)
-        self.forget = entry(forget, MAT, VEC, VEC, VEC, VEC, _ANY, I64)
+        self.forget = entry(forget, MAT, VEC, VEC, VEC, VEC, _ANY, I64, VEC)
         self.leading_in_row = entry(leading_in_row, MAT, VEC, VEC, _D3, I64, I64, I64, VEC,
                                     VEC)
         self.reindex = entry(reindex, MAT, VEC)

@@ -13,7 +13,8 @@ Checked mode re-evaluates the local invariants on every touched block, and the c
 each clock transition, in their native form.
 
 Request ids and sha256 digests are mapped to small slots (holders from 1; hash slot 0 is
-``NO_HASH``). Needs numba (``pip install pagedkv[native]``); ``NativeUnavailable`` otherwise.
+``NO_HASH``), digests by a native table (``native_digests``). Needs numba (``pip install
+pagedkv[native]``); ``NativeUnavailable`` otherwise.
 The generated module is written once per spec to a cache folder (``PAGEDKV_NATIVE_CACHE``,
 default ``~/.cache/pagedkv``) so that numba's own cache keeps later imports fast.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
+import operator
 import os
 import sys
 import tempfile
@@ -264,11 +266,19 @@ class NativePool:
         self._words_of = words_of
         table = getattr(self, "_table", None)
         self._table = DigestTable(len(self.X), 0 if table is None else table.stamp)
+        # The digests the int API (lookups, interning by value) met, by value and by slot: a
+        # dict read where the table would need the int's bytes; kept exact (a digest
+        # forgotten leaves it). Complete (every interned digest) until digests are interned
+        # as words, past the int API (``NativeAllocator``'s rows): a miss then is looked up.
+        self._known: dict[int, int] = {}
+        self._known_digest: dict[int, int] = {}
+        self._known_complete = True
         self.G = np.zeros(len(self.X), np.int64)
         self.retire_queue: deque[tuple[int, int]] = deque()
         # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).
         self._scratch = np.empty((3, 64), np.int64)
         self._one_block = np.empty(1, np.int64)  # take's output, release's input
+        self._gone = np.empty(64, np.int64)  # the hash slots a forget freed
         self._param = np.empty((1, 1), np.int64)  # a clock transition's one parameter
         self._keys_half = len(self.K) // 2
         from .native_entry import pool_loops  # (numba's: imported once the module is)
@@ -309,7 +319,7 @@ class NativePool:
             h = check_count(h, "hash", MAX_HASH)
         if h == NO_HASH:
             return 0
-        return int(self._intern_words(self._words_of([h]))[0])
+        return self._chain_slot_vector([h]).item(0)
 
     def _hash_slots(self, digests: Sequence[int]) -> list[int]:
         """``_hash_slot`` of each digest, all or none interned: where all are plain ints in
@@ -330,14 +340,27 @@ class NativePool:
 
     def _chain_slots(self, digests: Sequence[int]) -> list[int]:
         """The slots of digests known to be ints in ``(NO_HASH, MAX_HASH]`` (checked, or
-        ``hashing.chain_digests``' own), the new ones interned."""
-        return self._chain_slot_vector(digests).tolist()
+        ``hashing.chain_digests``' own), the new ones interned (the digests met before read
+        from ``_known``)."""
+        known = self._known
+        slots = list(map(known.get, digests))
+        if None not in slots:
+            return slots  # type: ignore[return-value]
+        more = [h for h, s in zip(digests, slots, strict=True) if s is None]
+        self._remember(more, self._intern_words(self._words_of(more)).tolist())
+        return list(map(known.__getitem__, digests))
 
     def _chain_slot_vector(self, digests: Sequence[int]) -> np.ndarray:
         """``_chain_slots`` as an int64 vector."""
-        if not len(digests):
-            return _NONE.copy()
-        return self._intern_words(self._words_of(digests))
+        return np.array(self._chain_slots(digests), _INT64)
+
+    def _remember(self, digests: Sequence[int], slots: Sequence[int]) -> None:
+        """``_known`` learns these digests' slots (0: not interned, passed over)."""
+        if 0 in slots:
+            digests = [h for h, s in zip(digests, slots, strict=True) if s]
+            slots = [s for s in slots if s]
+        self._known.update(zip(digests, slots, strict=True))
+        self._known_digest.update(zip(slots, digests, strict=True))
 
     def _intern_words(self, words: np.ndarray) -> np.ndarray:
         """The slots of these digests (rows of words), the new ones interned in order (the
@@ -358,22 +381,44 @@ class NativePool:
 
     def _slot_of(self, h: Any) -> int:
         """The slot digest ``h`` is interned in, or 0 (as for anything but an int in
-        ``(NO_HASH, MAX_HASH]``; an unhashable ``h``: ``InvalidArgument``)."""
+        ``(NO_HASH, MAX_HASH]``, or equal to one as a dict key; an unhashable ``h``:
+        ``InvalidArgument``)."""
+        if self._known_complete:
+            try:
+                return self._known.get(h, 0)
+            except TypeError:
+                raise InvalidArgument("hashes must be hashable digests") from None
         if type(h) is not int:
             try:
                 hash(h)
             except TypeError:
                 raise InvalidArgument("hashes must be hashable digests") from None
-            if not isinstance(h, int) or isinstance(h, bool):
-                return 0
-            h = int(h)
-        return self._table.slot_of(h) if NO_HASH < h <= MAX_HASH else 0
+            try:
+                h = operator.index(h)  # (as a dict key: equal to an int, found as it)
+            except TypeError:
+                if not (isinstance(h, float) and h.is_integer()):
+                    return 0
+                h = int(h)
+        if not NO_HASH < h <= MAX_HASH:
+            return 0
+        slot = self._known.get(h)
+        if slot is None:
+            slot = self._table.slot_of(h)
+            self._remember((h,), (slot,))
+        return slot
 
     def _release_hashes(self, slots: np.ndarray) -> None:
         """``_release_hash`` of each slot (the digests left with no block go): what a commit
         not made leaves behind."""
-        t = self._table
-        t.loops.forget(t.W, t.IX, t.FREE, t.DM, self.X, slots, len(slots))
+        t, n = self._table, len(slots)
+        if len(self._gone) < n:
+            self._gone = np.empty(2 * n, np.int64)
+        k = t.loops.forget(t.W, t.IX, t.FREE, t.DM, self.X, slots, n, self._gone)
+        if k and self._known_digest:
+            for s in self._gone[:k].tolist():
+                h = self._known_digest.pop(s, None)
+                if h is not None:
+                    del self._known[h]
 
     def _forget_hashes(self, slots: np.ndarray) -> None:
         """The digests of these distinct interned slots, none naming a block now (an
@@ -837,17 +882,24 @@ class NativePool:
 
     def lookup_many(self, hashes: Sequence[int]) -> np.ndarray:
         """The block registered under each hash (``NO_BLOCK``, -1, where none), as an int64
-        array: one dict read per hash and one vectorized read of the hash map."""
+        array: the digests found in the native table, then one vectorized read of the hash
+        map."""
         return self.X[self._slots_of(hashes)]
 
     def _slots_of(self, hashes: Sequence[int]) -> np.ndarray:
         """The hash slot of each digest (slot 0, naming no block, where it is not interned)."""
         try:
-            if all_ints(hashes) and (not hashes or min(hashes) > NO_HASH
-                                     and max(hashes) <= MAX_HASH):
-                return (self._table.find(self._words_of(hashes)) if len(hashes)
-                        else _NONE.copy())
-            return np.fromiter(map(self._slot_of, hashes), _INT64, len(hashes))
+            slots = np.fromiter(map(self._known.get, hashes, itertools.repeat(0)), _INT64,
+                                len(hashes))
+            if self._known_complete or slots.all():
+                return slots
+            if not (all_ints(hashes) and min(hashes) > NO_HASH and max(hashes) <= MAX_HASH):
+                return np.fromiter(map(self._slot_of, hashes), _INT64, len(hashes))
+            new = np.flatnonzero(slots == 0)
+            more = [hashes[i] for i in new.tolist()]
+            slots[new] = found = self._table.find(self._words_of(more))
+            self._remember(more, found.tolist())
+            return slots
         except (TypeError, InvalidArgument):
             raise InvalidArgument("hashes must be a sequence of hashable digests") from None
 
@@ -865,7 +917,12 @@ class NativePool:
         digest is read alone: where it misses (a request sharing no prefix), none of the
         rest is."""
         try:
-            first = self._slot_of(hashes[0]) if len(hashes) else 0
+            if not len(hashes):
+                first = 0
+            elif self._known_complete:
+                first = self._known.get(hashes[0], 0)
+            else:
+                first = self._slot_of(hashes[0])
         except (TypeError, InvalidArgument):
             raise InvalidArgument("hashes must be a sequence of hashable digests") from None
         if self.X[first] == NO_BLOCK:
@@ -994,6 +1051,8 @@ class NativePool:
         mirror.queue.length = p.queue.length
         mirror.cached_busy = self.cached_busy
         mirror.retire_queue.extend(self.retire_queue)
+        if self._known_complete and self._known != dict(self._table.items()):
+            errors.append(("digest_table", "the digests met by value differ from the table's"))
         return errors + self._table.structure_errors() + mirror.structure_errors()
 
 

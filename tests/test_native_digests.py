@@ -16,6 +16,7 @@ pytest.importorskip("numba")
 
 from pagedkv.allocator.native_allocator import NativeAllocator  # noqa: E402
 from pagedkv.allocator.native_digests import DigestTable, words_of  # noqa: E402
+from pagedkv.allocator.native_pool import NativePool  # noqa: E402
 from pagedkv.spec import NO_BLOCK  # noqa: E402
 
 # digests that share their first word (the home cell) with others: long probe runs
@@ -52,8 +53,10 @@ def test_the_table_interns_finds_and_forgets_as_a_dict_would(ops):
         else:
             X = np.full(len(t.W), NO_BLOCK, np.int64)  # none names a block: all may go
             gone = [model[h] for h in digests if h in model]
-            t.loops.forget(t.W, t.IX, t.FREE, t.DM, X, np.array(gone + [0], np.int64),
-                           len(gone) + 1)
+            out = np.empty(len(gone) + 1, np.int64)
+            k = t.loops.forget(t.W, t.IX, t.FREE, t.DM, X, np.array(gone + [0], np.int64),
+                               len(gone) + 1, out)
+            assert sorted(out[:k].tolist()) == sorted(set(gone))
             for h in digests:
                 model.pop(h, None)
                 stamps.pop(h, None)
@@ -72,7 +75,9 @@ def test_forget_keeps_a_digest_whose_slot_still_names_a_block():
     slots, G = _intern(t, G, [11, 12])
     X = np.full(8, NO_BLOCK, np.int64)
     X[slots[0]] = 3
-    assert t.loops.forget(t.W, t.IX, t.FREE, t.DM, X, slots, 2) == 1
+    gone = np.empty(2, np.int64)
+    assert t.loops.forget(t.W, t.IX, t.FREE, t.DM, X, slots, 2, gone) == 1
+    assert gone[0] == slots[1]
     assert dict(t.items()) == {11: int(slots[0])}
 
 
@@ -116,3 +121,31 @@ def test_a_lookup_reads_its_hits_from_the_rows_digests():
     a.D[q.row, 1, 0] ^= 1  # q's second digest, corrupted in its row: the hits stop there
     q.hit_memo = None
     assert a._hits(q) == a.block_table("p")[:1]
+
+
+def _cache_two(pool, r, digests):
+    pool.open_holder(r)
+    new = pool.take_many(r, 2)
+    pool.publish_many(r, new)
+    pool.begin_write_many(r, new, 1)
+    pool.end_write_many(new)
+    pool.cache_many(r, new, digests)
+    pool.release_many(r, new[::-1])
+    pool.close_holder(r)
+    return new.tolist()
+
+
+def test_the_digests_the_pool_api_met_are_forgotten_with_their_blocks():
+    """``NativePool`` reads the digests its int API met from a dict (``_known``); a digest
+    evicted with its block leaves it, so a slot interned again for another digest is not
+    found under the old one."""
+    pool = NativePool(2, 1, checked=True)
+    first = _cache_two(pool, "a", [11, 12])
+    assert pool.lookup(11) == first[0] and pool.lookup_many([11, 12]).tolist() == first
+    assert set(pool._known) == {11, 12}
+    again = _cache_two(pool, "b", [13, 14])  # both cached blocks evicted and reused
+    assert sorted(again) == sorted(first)
+    assert pool.lookup(11) is None and pool.lookup(12) is None
+    assert pool.lookup_many([11, 13]).tolist() == [NO_BLOCK, again[0]]
+    assert set(pool._known) <= {13, 14} and pool.prefix_hits([13, 14]).tolist() == again
+    assert pool.structure_errors() == []
