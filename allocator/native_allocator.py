@@ -174,6 +174,7 @@ class NativeAllocator(RequestBook):
         from .native_digests import WORDS  # (numba's, as NativePool's own import of it)
 
         self.D = np.zeros((rows, 16, WORDS), np.int64)
+        self._stored = np.zeros(rows, np.int64)  # how many of each row's digests D holds
         self._mirror_bytes()
         self._interned = np.empty(64, np.int64)  # a commit's hash slots
         self._lead = np.empty((2, 64), np.int64)  # a lookup's hit slots and blocks
@@ -211,6 +212,7 @@ class NativeAllocator(RequestBook):
             self._parent = np.concatenate([self._parent, np.zeros_like(self._parent[:grow])])
             self._chained = np.concatenate([self._chained, np.zeros(grow, np.uint8)])
             self.D = np.concatenate([self.D, np.zeros_like(self.D[:grow])])
+            self._stored = np.concatenate([self._stored, np.zeros(grow, np.int64)])
             self._mirror_bytes()
         return row
 
@@ -281,29 +283,37 @@ class NativeAllocator(RequestBook):
         self.R[R_HOLDER, row] = self.pool._slot[rid]
         self.R[R_KNOWN, row] = len(req.tokens)
         self._requests[rid] = req
+        self._stored[row] = 0
         self._open_row(req, raw)
         return req
 
     def _open_row(self, req: _NativeRequest, raw: bytes | bytearray | None = None) -> None:
         """The row's mirror set from the request's lists (after Python changed them; ``raw``:
-        its digests' bytes where the caller has them): its digests, block in progress and
-        chain head. Its chain is open if its digests cover every full block, it has one,
-        and it takes no extra keys (``_append`` hashes the next block then)."""
+        all its digests' bytes where the caller has them): the digests ``D`` does not hold
+        yet (O(blocks hashed), not O(context)), its block in progress and chain head."""
         B, row, tokens, hashes = self.block_size, req.row, req.tokens, req.hashes
-        n = len(hashes)
-        if n:
+        n, have = len(hashes), self._stored.item(row)
+        if n > have:
             self._room_for_digests(n)
-            at = row * self.D.shape[1] * 32
-            self._digest_bytes[at:at + 32 * n] = (
-                b"".join([h.to_bytes(32, "big") for h in hashes]) if raw is None else raw)
+            at = (row * self.D.shape[1] + have) * 32
+            self._digest_bytes[at:at + 32 * (n - have)] = (
+                b"".join([h.to_bytes(32, "big") for h in hashes[have:]]) if raw is None
+                else raw[32 * have:])
+            self._stored[row] = n
         start = len(tokens) - len(tokens) % B
         if start < len(tokens):
             at = row * 8 * B
             self._open_bytes[at:at + 8 * (len(tokens) - start)] = pack_tokens(tokens[start:])
-        chained = bool(hashes) and not req.extra_keys and len(hashes) * B == start
+        chained = self._chain_open(req, start)
         self._chained_bytes[row] = chained
         if chained:
             self._parent_bytes[32 * row:32 * row + 32] = hashes[-1].to_bytes(32, "big")
+
+    def _chain_open(self, req: _NativeRequest, start: int) -> bool:
+        """Whether ``_append`` may hash the block from token ``start`` on: the request's
+        digests cover every block before it, it has one, and it takes no extra keys."""
+        hashes = req.hashes
+        return bool(hashes) and not req.extra_keys and len(hashes) * self.block_size == start
 
     def _room_for_digests(self, n: int) -> None:
         """Rows of ``D`` at least ``n`` digests wide (doubled: amortized O(1) a digest)."""
@@ -493,7 +503,12 @@ class NativeAllocator(RequestBook):
 
     @_locked
     def append_tokens_many(self, updates: Sequence[tuple[Hashable, Sequence[int]]]) -> None:
-        """The step-level ``append_tokens``: all or nothing, each request once."""
+        """The step-level ``append_tokens``: all or nothing, each request once. One token
+        each (a decode step's): ``append_token_many``, natively."""
+        pairs = self._batch(updates, "append_tokens_many")
+        if all(type(t) is list and len(t) == 1 for _, t in pairs):
+            self.append_token_many([req for req, _ in pairs], [t[0] for _, t in pairs])
+            return
         reqs = self._record_tokens(updates)
         if reqs:
             self.R[R_KNOWN, self._rows_of(reqs)] = [len(req.tokens) for req in reqs]
@@ -528,7 +543,7 @@ class NativeAllocator(RequestBook):
                 self._digest_out = bytearray(64 * n)
             nf = self._appending(self.R[R_KNOWN], rows, n, np.frombuffer(packed, np.int64),
                                  self._open, self._parent, self._chained, self._digest_out,
-                                 filled, self._filled[1], self._digest_rows)
+                                 filled, self._filled[1], self._digest_rows, self._stored)
             if nf:
                 self._take_digests(reqs, nf)
             return
@@ -549,13 +564,10 @@ class NativeAllocator(RequestBook):
         for j, (i, hashed) in enumerate(zip(filled[0, :nf].tolist(),
                                             filled[1, :nf].tolist(), strict=True)):
             req = reqs[i]
-            if hashed == 1:
+            if hashed:
                 req.hashes.append(int.from_bytes(out[32 * j:32 * j + 32], "big"))
-            elif hashed:  # (made, but its row of D had no room for it)
-                req.hashes.append(int.from_bytes(out[32 * j:32 * j + 32], "big"))
-                self._room_for_digests(len(req.hashes))
-                at = (req.row * self.D.shape[1] + len(req.hashes) - 1) * 32
-                self._digest_bytes[at:at + 32] = out[32 * j:32 * j + 32]
+                if hashed == 2:  # (made, but its row of D had no room for it)
+                    self._open_row(req)
             else:
                 self._extend_hashes(req)
                 self._open_row(req)
@@ -1044,27 +1056,28 @@ class NativeAllocator(RequestBook):
                                      gen[rec.table].tolist()):
                 found.append(("table_covers_reserved",
                               f"the launch rows of {rid!r} differ from its table"))
-        found += [("table_isolation", f"the open block or chain head of {rid!r} differ from "
-                   "its tokens and digests") for rid in self._mirror_mismatches()]
+        found += [("table_isolation", f"the digests, open block or chain head kept for {rid!r} "
+                   "differ from its tokens and digests") for rid in self._mirror_mismatches()]
         if found:
             name, where = found[0]
             raise InvariantViolation(name, f"at {where!r}" + (
                 f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
 
     def _mirror_mismatches(self) -> list[Hashable]:
-        """The requests whose row's block in progress or chain head (``_open_row``'s) is not
-        what their token and digest lists say (the digests ``_append`` makes would not be
-        their chain's)."""
+        """The requests whose row's mirror (``_open_row``'s: digests, block in progress,
+        chain head) is not what their token and digest lists say (the digests ``_append``
+        makes, or a commit interns, would not be their chain's)."""
         B, out = self.block_size, []
         for rid, req in self._requests.items():
             row, tokens, hashes = req.row, req.tokens, req.hashes
             start = len(tokens) - len(tokens) % B
             part = pack_tokens(tokens[start:])
-            chained = bool(hashes) and not req.extra_keys and len(hashes) * B == start
+            chained = self._chain_open(req, start)
             digests = b"".join([h.to_bytes(32, "big") for h in hashes])
             if (self._open[row, :len(part)].tobytes() != part
                     or bool(self._chained[row]) != chained
                     or chained and self._parent[row].tobytes() != hashes[-1].to_bytes(32, "big")
+                    or self._stored[row] != len(hashes)
                     or self.D[row, :len(hashes)].tobytes() != digests):
                 out.append(rid)
         return out

@@ -116,8 +116,8 @@ def appender(block_size: int) -> Callable[..., int] | None:
     hashed where its row's chain is open (``native_sha._append``, with the messages of
     ``block_size``-token blocks without extra keys: a digest is ``next_blocks``' of the
     block's parent and tokens); None where hashing is not native. Called as ``loop(known,
-    rows, n, tokens, opened, parents, chained, out, filled, hashed)``, returning how many
-    blocks ended (see ``_append`` for the arrays)."""
+    rows, n, tokens, opened, parents, chained, out, filled, hashed, digests, stored)``,
+    returning how many blocks ended (see ``_append`` for the arrays)."""
     loops = _native()
     if loops is None:
         return None

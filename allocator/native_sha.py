@@ -115,7 +115,7 @@ def _blocks(head, at_parent, parents, data, width, count, tail, out):
 
 @numba.njit(cache=True)
 def _append(head, at_parent, tail, known, rows, n, tokens, opened, parents, chained, out,
-            filled, hashed, digests):
+            filled, hashed, digests, stored):
     """One token id more for each row ``rows[i]`` (``tokens[i]``), in the rows' open blocks:
     ``opened[r]`` holds the big-endian bytes of the tokens of row ``r``'s block in progress
     (positions ``known[r] // bs * bs ..``, ``bs = opened.shape[1] // 8``), ``known[r]``
@@ -124,9 +124,9 @@ def _append(head, at_parent, tail, known, rows, n, tokens, opened, parents, chai
     last in ``parents[r]``, with ``tail`` after each block's tokens), hashes the block as
     ``_blocks`` would, into ``out`` (32 bytes each, in ``filled``'s order; ``hashed[j]`` 1)
     and ``parents[r]`` and, where row ``r`` of ``digests`` (the rows' digests, 32 bytes an
-    entry) has room for it, there as its entry ``known[r] // bs - 1`` (``hashed[j]`` 2 where
-    it has not); else ``hashed[j]`` is 0 (the caller hashes it). Returns how many blocks
-    ended."""
+    entry; ``stored[r]`` of them) has room for it, there as its entry ``known[r] // bs - 1``
+    (``hashed[j]`` 2 where it has not); else ``hashed[j]`` is 0 (the caller hashes it).
+    Returns how many blocks ended."""
     width = opened.shape[1]
     bs = width // 8
     room = digests.shape[1] // 32
@@ -164,6 +164,7 @@ def _append(head, at_parent, tail, known, rows, n, tokens, opened, parents, chai
             if e < room:
                 for k in range(32):
                     digests[r, 32 * e + k] = digest[k]
+                stored[r] = e + 1
                 hashed[nf] = 1
             else:
                 hashed[nf] = 2
@@ -185,7 +186,7 @@ def _entries(library: str) -> tuple[Callable[..., Any], ...]:
             entry(_blocks, raw, i64, raw, raw, i64, i64, raw, out),
             entry(_append, raw, i64, raw, vec, types.Array(types.int64, 1, "A"), i64,
                   types.Array(types.int64, 1, "C", readonly=True), u8_mat, u8_mat, u8_vec,
-                  out, vec, vec, u8_mat))
+                  out, vec, vec, u8_mat, vec))
 
 
 _LIBRARY = _libcrypto()
