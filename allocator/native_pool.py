@@ -272,7 +272,7 @@ class NativePool:
         # as words, past the int API (``NativeAllocator``'s rows): a miss then is looked up.
         self._known: dict[int, int] = {}
         self._known_digest: dict[int, int] = {}
-        self._known_complete = True
+        self._known_complete = getattr(self, "_known_complete", True)  # (kept by ``load``)
         self.G = np.zeros(len(self.X), np.int64)
         self.retire_queue: deque[tuple[int, int]] = deque()
         # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).

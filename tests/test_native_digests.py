@@ -149,3 +149,22 @@ def test_the_digests_the_pool_api_met_are_forgotten_with_their_blocks():
     assert pool.lookup_many([11, 13]).tolist() == [NO_BLOCK, again[0]]
     assert set(pool._known) <= {13, 14} and pool.prefix_hits([13, 14]).tolist() == again
     assert pool.structure_errors() == []
+
+
+def test_a_loaded_allocator_pool_still_finds_the_digests_its_rows_intern():
+    """An allocator's pool interns digests from the rows, past the int API's dict: loaded
+    again, it keeps looking a digest up where the dict has not met it."""
+    a = NativeAllocator(64, 2, checked=False)
+    a.add_request("p", [1, 2, 3, 4])
+    a.allocate("p", 4)
+    a.publish(["p"]).complete()
+    a.commit("p", 4)
+    a.pool.load(a.pool.storage())
+    assert not a.pool._known_complete
+    a.add_request("q", [9, 8, 7, 6])
+    a.allocate("q", 4)
+    a.publish(["q"]).complete()
+    a.commit("q", 4)
+    q = a._requests["q"]
+    assert a.pool.lookup_many(q.hashes).tolist() == a.block_table("q")
+    assert a.pool.lookup(q.hashes[1]) == a.block_table("q")[1]
