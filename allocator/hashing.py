@@ -144,6 +144,11 @@ def encode_tokens(token_ids: Sequence[int]) -> bytes:
     return pack_tokens(_token_list(token_ids))
 
 
+def digest_bytes(digests: Iterable[int]) -> bytes:
+    """Digests (ints in ``[0, 2**256)``) as their 32 big-endian bytes each, in one string."""
+    return b"".join([h.to_bytes(32, "big") for h in digests])
+
+
 def pack_tokens(tokens: Sequence[int]) -> bytes:
     """``encode_tokens`` of tokens already checked (plain ints in int64 range, no bool)."""
     return struct.pack(f">{len(tokens)}q", *tokens)

@@ -48,7 +48,7 @@ from .errors import (
     OutOfBlocks,
     TokensUnknown,
 )
-from .hashing import normalize_extra_keys, pack_tokens, packed_int64, salt_bytes
+from .hashing import digest_bytes, normalize_extra_keys, pack_tokens, packed_int64, salt_bytes
 from .launch import Launch, LaunchAlreadyCompleted
 from .native_pool import _NONE, ROW, NativePool, native_module
 from .native_steps import (  # the row layout the generated module was pasted with
@@ -297,8 +297,7 @@ class NativeAllocator(RequestBook):
             self._room_for_digests(n)
             at = (row * self.D.shape[1] + have) * 32
             self._digest_bytes[at:at + 32 * (n - have)] = (
-                b"".join([h.to_bytes(32, "big") for h in hashes[have:]]) if raw is None
-                else raw[32 * have:])
+                digest_bytes(hashes[have:]) if raw is None else raw[32 * have:])
             self._stored[row] = n
         start = len(tokens) - len(tokens) % B
         if start < len(tokens):
@@ -420,7 +419,7 @@ class NativeAllocator(RequestBook):
         i, status, detail, nev, nt = found
         pool, S, mod = self.pool, self._S, self.mod
         if nev:
-            pool._forget_hashes(S[0, :nev])
+            pool._release_hashes(S[0, :nev])
         if self.checked and nt:
             pool._check_touched("take_many", S[2], nt)
         if status == mod.STEP_OK:
@@ -1073,12 +1072,11 @@ class NativeAllocator(RequestBook):
             start = len(tokens) - len(tokens) % B
             part = pack_tokens(tokens[start:])
             chained = self._chain_open(req, start)
-            digests = b"".join([h.to_bytes(32, "big") for h in hashes])
             if (self._open[row, :len(part)].tobytes() != part
                     or bool(self._chained[row]) != chained
                     or chained and self._parent[row].tobytes() != hashes[-1].to_bytes(32, "big")
                     or self._stored[row] != len(hashes)
-                    or self.D[row, :len(hashes)].tobytes() != digests):
+                    or self.D[row, :len(hashes)].tobytes() != digest_bytes(hashes)):
                 out.append(rid)
         return out
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from pagedkv.spec import NO_BLOCK
 
+from .hashing import digest_bytes
 from .native_entry import I64, MAT, VEC, entry
 
 FREE_TOP, STAMP, LIVE = 0, 1, 2  # DM's fields
@@ -215,8 +216,7 @@ def loops() -> DigestLoops:
 
 def words_of(digests: Sequence[int]) -> np.ndarray:
     """Digests (ints in ``(0, 2**256)``) as a (n, 4) int64 matrix of their words."""
-    raw = b"".join([h.to_bytes(32, "big") for h in digests])
-    return np.frombuffer(raw, _WORDS_DTYPE).reshape(len(digests), WORDS)
+    return np.frombuffer(digest_bytes(digests), _WORDS_DTYPE).reshape(len(digests), WORDS)
 
 
 def digest_of(words: np.ndarray) -> int:
@@ -275,8 +275,7 @@ class DigestTable:
 
     def slot_of(self, h: int) -> int:
         """The slot of digest ``h`` (an int in ``(0, 2**256)``), or 0."""
-        w = np.frombuffer(h.to_bytes(32, "big"), _WORDS_DTYPE).reshape(1, WORDS)
-        self.loops.find_words(self.W, self.IX, w, 1, self._one)
+        self.loops.find_words(self.W, self.IX, words_of((h,)), 1, self._one)
         return self._one.item(0)
 
     def digest(self, slot: int) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import hashing
-from .hashing import KIND_TOKENS, block_tails, pack_native, pack_tokens
+from .hashing import KIND_TOKENS, block_tails, digest_bytes, pack_native, pack_tokens
 
 _Loops = tuple[Callable[..., Any], ...]
 _LOOPS: list[_Loops | None] = []  # the native loops (or None), on first use
@@ -80,7 +80,7 @@ def chain_packed_bytes(parent: int, data: bytes, count: int, block_size: int,
     loops = _LOOPS[0] if _LOOPS else _native()
     if loops is None:
         tokens = struct.unpack(f"<{count * block_size}q", data[:count * width])
-        return bytearray(b"".join(h.to_bytes(32, "big") for h in hashing.chain_digests(
+        return bytearray(digest_bytes(hashing.chain_digests(
             parent, pack_tokens(tokens), width, count, keys, salt)))
     tail, first_tail = block_tails(keys, salt)
     out = bytearray(32 * count)
@@ -106,7 +106,7 @@ def next_blocks(parents: list[int], tokens: list[int], block_size: int,
     tail = block_tails(keys, None)[0]
     out = bytearray(32 * count)
     loops[1](_PREFIX + _NO_PARENT + _tokens_header(width), len(_PREFIX),
-             b"".join([p.to_bytes(32, "big") for p in parents]), pack_native(tokens), width,
+             digest_bytes(parents), pack_native(tokens), width,
              count, tail, out)
     return digests_of(out, count)
 

@@ -319,7 +319,7 @@ class NativePool:
             h = check_count(h, "hash", MAX_HASH)
         if h == NO_HASH:
             return 0
-        return self._chain_slot_vector([h]).item(0)
+        return self._chain_slots([h])[0]
 
     def _hash_slots(self, digests: Sequence[int]) -> list[int]:
         """``_hash_slot`` of each digest, all or none interned: where all are plain ints in
@@ -408,8 +408,8 @@ class NativePool:
         return slot
 
     def _release_hashes(self, slots: np.ndarray) -> None:
-        """``_release_hash`` of each slot (the digests left with no block go): what a commit
-        not made leaves behind."""
+        """``_release_hash`` of each slot (the digests left with no block go): an eviction's
+        (each evicted block's own hash), or what a commit not made leaves behind."""
         t, n = self._table, len(slots)
         if len(self._gone) < n:
             self._gone = np.empty(2 * n, np.int64)
@@ -419,11 +419,6 @@ class NativePool:
                 h = self._known_digest.pop(s, None)
                 if h is not None:
                     del self._known[h]
-
-    def _forget_hashes(self, slots: np.ndarray) -> None:
-        """The digests of these distinct interned slots, none naming a block now (an
-        eviction's: each evicted block's own hash), go."""
-        self._release_hashes(slots)
 
     def _release_hash(self, slot: int) -> None:
         one = self._one_block
@@ -609,7 +604,7 @@ class NativePool:
             taken, nev, nt, refused, status = found
             done += taken
             if nev:
-                self._forget_hashes(S[1, :nev])
+                self._release_hashes(S[1, :nev])
             if self.checked:
                 self._check_touched("take_many", S[2], nt)
             if not status:

@@ -415,7 +415,7 @@ def test_a_resumed_lookup_drops_a_hit_whose_slot_was_interned_again():
     pool = a.pool
     slot = pool._hslot[w.hashes[1]]
     pool.X[slot] = -1  # block b1's digest evicted, its slot freed ...
-    pool._forget_hashes(np.array([slot], np.int64))
+    pool._release_hashes(np.array([slot], np.int64))
     pool._chain_slots([12345])  # ... and interned for another digest, naming b1 again
     assert pool._hslot[12345] == slot
     pool.X[slot] = b1
