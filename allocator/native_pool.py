@@ -68,6 +68,7 @@ from .pool import (
     clock_invariants,
     local_invariants,
 )
+from .prefix_memo import PrefixMemos
 from .storage import PoolStorage
 from .table import MAX_COUNT, check_block_size, check_count, check_int
 
@@ -273,6 +274,7 @@ class NativePool:
         self._known: dict[int, int] = {}
         self._known_digest: dict[int, int] = {}
         self._known_complete = getattr(self, "_known_complete", True)  # (kept by ``load``)
+        self._memos = PrefixMemos()  # the slots of recent lookups' prefixes (prefix_memo)
         self.G = np.zeros(len(self.X), np.int64)
         self.retire_queue: deque[tuple[int, int]] = deque()
         # Scratch outputs of the native loops, grown to what a call may write (``_scratch_for``).
@@ -414,11 +416,14 @@ class NativePool:
         if len(self._gone) < n:
             self._gone = np.empty(2 * n, np.int64)
         k = t.loops.forget(t.W, t.IX, t.FREE, t.DM, self.X, slots, n, self._gone)
-        if k and self._known_digest:
-            for s in self._gone[:k].tolist():
+        if k and (self._known_digest or self._memos):
+            gone = self._gone[:k].tolist()
+            for s in gone:
                 h = self._known_digest.pop(s, None)
                 if h is not None:
                     del self._known[h]
+            if self._memos:
+                self._memos.forget(gone)
 
     def _release_hash(self, slot: int) -> None:
         one = self._one_block
@@ -703,7 +708,7 @@ class NativePool:
         admission's prefix hits: revived if cached), as an int64 array. Stops at the first
         refused share (raised; the blocks before it stay shared)."""
         slot = self._holder(r)
-        slots = self._prefix_slots(hashes)
+        slots, matched = self._prefix_slots(hashes)
         if slots is None:
             return _NONE
         n = len(slots)
@@ -711,6 +716,7 @@ class NativePool:
         out = np.empty(n, _INT64)
         k, done = self._loops.share_prefix(self.B, self.M, self.H, self.K, self.X, slot, slots,
                                            n, out)
+        self._memos.learn(hashes, slots, k, matched)
         self._check_touched("share", out, done)
         if done < k:
             self._refuse("share", b=int(out[done]), r=r)
@@ -907,31 +913,38 @@ class NativePool:
         """Whether no block is registered under the digest h (an int: no check)."""
         return self.X.item(self._slot_of(h)) == NO_BLOCK
 
-    def _prefix_slots(self, hashes: Sequence[int]) -> np.ndarray | None:
-        """The hash slots of ``hashes``, or None where the first names no block. The first
-        digest is read alone: where it misses (a request sharing no prefix), none of the
-        rest is."""
+    def _prefix_slots(self, hashes: Sequence[int]) -> tuple[np.ndarray | None, int]:
+        """The hash slots of ``hashes`` (None where the first names no block), and how many
+        leading ones a prefix memo gave (``prefix_memo``: a list that starts with a memo's
+        digests). The first digest is read alone: where it misses (a request sharing no
+        prefix), none of the rest is."""
         try:
             if not len(hashes):
-                first = 0
-            elif self._known_complete:
+                return None, 0
+            if type(hashes) is list and self._memos:
+                found = self._memos.slots(hashes, self._slots_of)
+                if found is not None:
+                    slots, matched = found
+                    return (None if self.X.item(slots.item(0)) == NO_BLOCK else slots), matched
+            if self._known_complete:
                 first = self._known.get(hashes[0], 0)
             else:
                 first = self._slot_of(hashes[0])
-        except (TypeError, InvalidArgument):
+        except (TypeError, ValueError, InvalidArgument):
             raise InvalidArgument("hashes must be a sequence of hashable digests") from None
         if self.X[first] == NO_BLOCK:
-            return None
-        return self._slots_of(hashes)
+            return None, 0
+        return self._slots_of(hashes), 0
 
     def _leading(self, hashes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """``prefix_hits``, and the hash slots of the blocks found (``_prefix_slots``)."""
-        slots = self._prefix_slots(hashes)
+        slots, matched = self._prefix_slots(hashes)
         if slots is None:
             return _NONE, _NONE
         n = len(slots)
         out = np.empty(n, _INT64)
         k = self._loops.registered_prefix(self.X, slots, n, out)
+        self._memos.learn(hashes, slots, k, matched)
         return out[:k], slots[:k]
 
     def usable(self) -> int:
@@ -1048,6 +1061,7 @@ class NativePool:
         mirror.retire_queue.extend(self.retire_queue)
         if self._known_complete and self._known != dict(self._table.items()):
             errors.append(("digest_table", "the digests met by value differ from the table's"))
+        errors += [("digest_table", e) for e in self._memos.errors(self._table.slot_of)]
         return errors + self._table.structure_errors() + mirror.structure_errors()
 
 
