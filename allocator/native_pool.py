@@ -416,13 +416,13 @@ class NativePool:
         if len(self._gone) < n:
             self._gone = np.empty(2 * n, np.int64)
         k = t.loops.forget(t.W, t.IX, t.FREE, t.DM, self.X, slots, n, self._gone)
-        if k and (self._known_digest or self._memos):
+        if k and (self._known_digest or self._memos.by_first):
             gone = self._gone[:k].tolist()
             for s in gone:
                 h = self._known_digest.pop(s, None)
                 if h is not None:
                     del self._known[h]
-            if self._memos:
+            if self._memos.by_first:
                 self._memos.forget(gone)
 
     def _release_hash(self, slot: int) -> None:

@@ -246,7 +246,10 @@ class NativeDriver:
                                      np.array(counts, np.int64), rids)
         if got:
             grown = rids if len(got) == len(rids) else rids[:len(got)]
-            self._scheduled.update(dict.fromkeys(grown))
+            if self._scheduled:
+                self._scheduled.update(dict.fromkeys(grown))
+            else:  # (the step's running pass, first: the order it grew them in)
+                self._scheduled = dict.fromkeys(grown)
             if self._launched:  # (empty until the step's first commit)
                 self._launched.difference_update(grown)
         return got
@@ -335,7 +338,7 @@ class NativeDriver:
             scheduled = self._scheduled
             if (k == n == len(scheduled) and not self._launched
                     and rids == list(scheduled)):  # (the step's launch: these, in order)
-                self._launched.update(rids)
+                self._launched = set(rids)  # (empty before: the step's first launch)
                 scheduled.clear()
                 alloc._launch_and_commit(tuple(rids), rows_a)
             elif k:
