@@ -148,6 +148,25 @@ def native_module(spec: Mapping[str, Transition] | None = None,
     return mod
 
 
+def _block_ids(blocks: object, what: str = "block ids") -> np.ndarray:
+    """Block ids (or counts) as an int64 vector: an int64 vector as it is, other integer
+    arrays converted, a sequence of ints packed (``InvalidArgument`` for anything else)."""
+    if type(blocks) is np.ndarray and blocks.dtype is _INT64 and blocks.ndim == 1:
+        return blocks
+    if isinstance(blocks, np.ndarray):
+        if blocks.ndim != 1 or blocks.dtype.kind not in "iu":
+            raise InvalidArgument(f"{what} must be a 1-d integer array, got {blocks.dtype}"
+                                  f" of shape {blocks.shape}")
+        return blocks.astype(np.int64, copy=False)
+    items = _ordered(blocks, what)  # the allocator's own argument checks
+    if any(type(b) is not int for b in items):
+        items = [check_int(b, what) for b in items]
+    try:
+        return np.array(items, np.int64) if items else np.empty(0, np.int64)
+    except OverflowError:
+        raise InvalidArgument(f"{what} must fit in int64") from None
+
+
 # ---- the view: the native arrays as the spec's state, keyed by request ids and digests ---------
 class _HashRow:
     __slots__ = ("_pool",)
@@ -323,13 +342,13 @@ class NativePool:
             return 0
         return self._chain_slots([h])[0]
 
-    def _hash_slots(self, digests: Sequence[int]) -> list[int]:
-        """``_hash_slot`` of each digest, all or none interned: where all are plain ints in
-        range, ``_chain_slots`` (else one ``_hash_slot`` call each, which names the first bad
-        one)."""
+    def _hash_slots(self, digests: Sequence[int]) -> np.ndarray:
+        """``_hash_slot`` of each digest, as an int64 vector, all or none interned: where all
+        are plain ints in range, ``_chain_slot_vector`` (else one ``_hash_slot`` call each,
+        which names the first bad one)."""
         if all_ints(digests) and (  # (a float equal to a digest is refused)
                 not digests or min(digests) > NO_HASH and max(digests) <= MAX_HASH):
-            return self._chain_slots(digests)
+            return self._chain_slot_vector(digests)
         out: list[int] = []
         try:
             for h in digests:
@@ -338,7 +357,7 @@ class NativePool:
             for slot in out:
                 self._release_hash(slot)  # a refused digest interns none
             raise
-        return out
+        return np.array(out, _INT64)
 
     def _chain_slots(self, digests: Sequence[int]) -> list[int]:
         """The slots of digests known to be ints in ``(NO_HASH, MAX_HASH]`` (checked, or
@@ -353,7 +372,12 @@ class NativePool:
         return list(map(known.__getitem__, digests))
 
     def _chain_slot_vector(self, digests: Sequence[int]) -> np.ndarray:
-        """``_chain_slots`` as an int64 vector."""
+        """``_chain_slots`` as an int64 vector (where none of the digests was met: interned
+        straight into it)."""
+        if digests and list(map(self._known.get, digests)).count(None) == len(digests):
+            out = self._intern_words(self._words_of(digests))
+            self._remember(digests, out.tolist())
+            return out
         return np.array(self._chain_slots(digests), _INT64)
 
     def _remember(self, digests: Sequence[int], slots: Sequence[int]) -> None:
@@ -469,22 +493,7 @@ class NativePool:
         self.K = new
         self._keys_half = cap // 2
 
-    @staticmethod
-    def _ids(blocks: object, what: str = "block ids") -> np.ndarray:
-        if type(blocks) is np.ndarray and blocks.dtype is _INT64 and blocks.ndim == 1:
-            return blocks
-        if isinstance(blocks, np.ndarray):
-            if blocks.ndim != 1 or blocks.dtype.kind not in "iu":
-                raise InvalidArgument(f"{what} must be a 1-d integer array, got {blocks.dtype}"
-                                      f" of shape {blocks.shape}")
-            return blocks.astype(np.int64, copy=False)
-        items = _ordered(blocks, what)  # the allocator's own argument checks
-        if any(type(b) is not int for b in items):
-            items = [check_int(b, what) for b in items]
-        try:
-            return np.array(items, np.int64) if items else np.empty(0, np.int64)
-        except OverflowError:
-            raise InvalidArgument(f"{what} must fit in int64") from None
+    _ids = staticmethod(_block_ids)
 
     # ---- refusals and checks -------------------------------------------------------------------
     def _refuse(self, name: str, **params: Any) -> None:
@@ -717,7 +726,8 @@ class NativePool:
         k, done = self._loops.share_prefix(self.B, self.M, self.H, self.K, self.X, slot, slots,
                                            n, out)
         self._memos.learn(hashes, slots, k, matched)
-        self._check_touched("share", out, done)
+        if self.checked:
+            self._check_touched("share", out, done)
         if done < k:
             self._refuse("share", b=int(out[done]), r=r)
         return out[:k]
@@ -766,12 +776,12 @@ class NativePool:
                                           strict=True)))
 
     def publish_many(self, r: Hashable, blocks: object) -> None:
-        self._each("publish", self._loops.each_publish, self._ids(blocks), r)
+        self._each("publish", self._loops.each_publish, _block_ids(blocks), r)
 
     def begin_write_many(self, r: Hashable, blocks: object, slots: int | object) -> None:
         """A launch through r's table writes ``slots`` slots (one count, or one per block) of
         each block."""
-        bs = self._ids(blocks)
+        bs = _block_ids(blocks)
         if isinstance(slots, int | np.integer) and not isinstance(slots, bool | np.bool_):
             ws = check_count(slots, "slots", self.block_size)
             self._each("begin_write", self._loops.each_begin_write, bs, r, ws)
@@ -784,21 +794,22 @@ class NativePool:
     def end_write_many(self, blocks: object) -> None:
         """The launch that wrote each block completed; a reclaimed block is recycled if it
         can be now."""
-        bs = self._ids(blocks)
+        bs = _block_ids(blocks)
         done = self._loops.end_write_many(self.B, self.M, self.H, self.K, self.X, bs, len(bs))
-        self._check_touched("end_write", bs, done)
+        if self.checked:
+            self._check_touched("end_write", bs, done)
         if done < len(bs):
             self._refuse("end_write", b=int(bs[done]))
 
     def commit_many(self, r: Hashable, blocks: object, hashes: Sequence[int]) -> None:
         """Each full, written block becomes REFERENCED under its hash (a prefix hit from
         now on)."""
-        bs = self._ids(blocks)
+        bs = _block_ids(blocks)
         hashes = _ordered(hashes, "hashes")
         if len(hashes) != len(bs):
             raise InvalidArgument(f"commit_many needs one hash per block: {len(hashes)} "
                                   f"hashes for {len(bs)} blocks")
-        slots = np.array(self._hash_slots(hashes), np.int64)
+        slots = self._hash_slots(hashes)
         try:
             self._run("commit", bs, r, slots)
         except BaseException:
@@ -812,14 +823,14 @@ class NativePool:
         launch that wrote them completed, whether or not an earlier request cached the same
         content. Stops at the first due block whose ``commit`` is refused (raised; the
         commits before it stay)."""
-        bs = self._ids(blocks)
+        bs = _block_ids(blocks)
         hashes = _ordered(hashes, "hashes")
         n = len(bs)
         if len(hashes) != n:
             raise InvalidArgument(f"cache_many needs one hash per block: {len(hashes)} "
                                   f"hashes for {n} blocks")
         slot = self._holder(r)
-        slots = np.array(self._hash_slots(hashes), np.int64)
+        slots = self._hash_slots(hashes)
         failed, unregistered = self._loops.cache_many(self.B, self.M, self.H, self.K, self.X,
                                                       slot, bs, slots, n)
         try:

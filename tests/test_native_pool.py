@@ -331,7 +331,7 @@ def test_digests_are_interned_in_one_batch_one_slot_each():
     assert interned == 0 and free == total
     kept = nat._hash_slots([5])
     digests = [5, *range(100, 100 + total + 10), 101, 5, 100]
-    slots = nat._hash_slots(digests)
+    slots = nat._hash_slots(digests).tolist()
     assert slots[0] == kept[0] and len(set(slots)) == len(set(digests))
     assert [slots[digests.index(d)] for d in digests] == slots
     interned, free, total = _slot_accounting(nat)
