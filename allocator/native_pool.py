@@ -830,6 +830,8 @@ class NativePool:
             raise InvalidArgument(f"cache_many needs one hash per block: {len(hashes)} "
                                   f"hashes for {n} blocks")
         slot = self._holder(r)
+        if not n:  # (a request whose full blocks were all hits: nothing is due)
+            return
         slots = self._hash_slots(hashes)
         failed, unregistered = self._loops.cache_many(self.B, self.M, self.H, self.K, self.X,
                                                       slot, bs, slots, n)
