@@ -900,6 +900,13 @@ class NativePool:
         map."""
         return self.X[self._slots_of(hashes)]
 
+    def _tail_slots(self, hashes: list[int]) -> Sequence[int]:
+        """``_slots_of`` for the few digests past a prefix memo: a list where the dict
+        is complete (no array made for them)."""
+        if self._known_complete:
+            return list(map(self._known.get, hashes, itertools.repeat(0)))
+        return self._slots_of(hashes)
+
     def _slots_of(self, hashes: Sequence[int]) -> np.ndarray:
         """The hash slot of each digest (slot 0, naming no block, where it is not interned)."""
         try:
@@ -935,7 +942,7 @@ class NativePool:
             if not len(hashes):
                 return None, 0
             if type(hashes) is list and self._memos:
-                found = self._memos.slots(hashes, self._slots_of)
+                found = self._memos.slots(hashes, self._tail_slots)
                 if found is not None:
                     slots, matched = found
                     return (None if self.X.item(slots.item(0)) == NO_BLOCK else slots), matched

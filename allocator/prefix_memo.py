@@ -62,7 +62,7 @@ class PrefixMemos:
     def __bool__(self) -> bool:
         return bool(self.by_first)
 
-    def slots(self, hashes: list[int], rest: Callable[[list[int]], np.ndarray]
+    def slots(self, hashes: list[int], rest: Callable[[list[int]], Sequence[int]]
               ) -> tuple[np.ndarray, int] | None:
         """The hash slots of ``hashes`` (a non-empty list) and how many leading ones the memo
         of its first digest gave (``rest`` gives the others'), or None where no memo starts
