@@ -565,7 +565,10 @@ class NativePool:
 
     # ---- holders ---------------------------------------------------------------------------------
     def open_holder(self, r: Hashable) -> None:
-        slot = self._holder(r)
+        try:
+            slot = self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            slot = self._holder(r)  # raises InvalidArgument
         new = slot == UNKNOWN_HOLDER
         if new:
             slot = self._new_holder_slot(r)
@@ -575,7 +578,10 @@ class NativePool:
             self._refuse("open_holder", r=r)
 
     def close_holder(self, r: Hashable) -> None:
-        slot = self._holder(r)
+        try:
+            slot = self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            slot = self._holder(r)  # raises InvalidArgument
         if not self._one["close_holder"](self.B, self.M, self.H, self.K, self.X, slot):
             self._refuse("close_holder", r=r)
         if slot != UNKNOWN_HOLDER:
@@ -782,7 +788,8 @@ class NativePool:
         """A launch through r's table writes ``slots`` slots (one count, or one per block) of
         each block."""
         bs = _block_ids(blocks)
-        if isinstance(slots, int | np.integer) and not isinstance(slots, bool | np.bool_):
+        if type(slots) is int or (isinstance(slots, int | np.integer)
+                                  and not isinstance(slots, bool | np.bool_)):
             ws = check_count(slots, "slots", self.block_size)
             self._each("begin_write", self._loops.each_begin_write, bs, r, ws)
             return
