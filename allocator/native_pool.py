@@ -374,7 +374,10 @@ class NativePool:
     def _chain_slot_vector(self, digests: Sequence[int]) -> np.ndarray:
         """``_chain_slots`` as an int64 vector (where none of the digests was met: interned
         straight into it)."""
-        if digests and list(map(self._known.get, digests)).count(None) == len(digests):
+        slots = list(map(self._known.get, digests))
+        if None not in slots:
+            return np.array(slots, _INT64)
+        if slots.count(None) == len(slots):
             out = self._intern_words(self._words_of(digests))
             self._remember(digests, out.tolist())
             return out
@@ -948,7 +951,7 @@ class NativePool:
         try:
             if not len(hashes):
                 return None, 0
-            if type(hashes) is list and self._memos:
+            if type(hashes) is list and self._memos.by_first:
                 found = self._memos.slots(hashes, self._tail_slots)
                 if found is not None:
                     slots, matched = found

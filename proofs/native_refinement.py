@@ -72,14 +72,21 @@ class Pair:
         return want
 
 
-def _share_prefix(ref: BlockPool, r: Any, hashes: list[int]) -> list[int]:
-    """``NativePool.share_prefix`` on a BlockPool: the leading registered blocks, shared."""
+def ref_prefix_hits(ref: BlockPool, hashes: list[int]) -> list[int]:
+    """``NativePool.prefix_hits`` on a BlockPool: the blocks of the leading registered
+    hashes."""
     found = []
     for h in hashes:
         b = ref.lookup(h)
         if b is None:
             break
         found.append(b)
+    return found
+
+
+def _share_prefix(ref: BlockPool, r: Any, hashes: list[int]) -> list[int]:
+    """``NativePool.share_prefix`` on a BlockPool: the leading registered blocks, shared."""
+    found = ref_prefix_hits(ref, hashes)
     ref.run_many("share", [(b, r) for b in found])
     return found
 

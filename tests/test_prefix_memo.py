@@ -18,7 +18,12 @@ pytest.importorskip("numba")
 from pagedkv.allocator.errors import InvalidArgument  # noqa: E402
 from pagedkv.allocator.native_pool import NativePool  # noqa: E402
 from pagedkv.allocator.prefix_memo import PrefixMemos, common_length  # noqa: E402
-from pagedkv.proofs.native_refinement import Pair, _share_prefix, snapshot  # noqa: E402
+from pagedkv.proofs.native_refinement import (  # noqa: E402
+    Pair,
+    _share_prefix,
+    ref_prefix_hits,
+    snapshot,
+)
 
 B = 2
 # Each tenant's prompt, as its blocks' digests: the first two share their first blocks, the
@@ -46,17 +51,6 @@ def _request(pair: Pair, r: str, hashes: list[int]) -> None:
     rest = hashes[len(hits):len(hits) + len(new)]
     pair.do("cache_many", lambda: ref.cache_many(r, new, rest),
             lambda: nat.cache_many(r, new, rest))
-
-
-def _ref_hits(ref: object, hashes: list[int]) -> list[int]:
-    """``prefix_hits`` on a BlockPool: the blocks of the leading registered hashes."""
-    found = []
-    for h in hashes:
-        b = ref.lookup(h)
-        if b is None:
-            break
-        found.append(b)
-    return found
 
 
 def _finish(pair: Pair, r: str) -> None:
@@ -111,7 +105,7 @@ def _tenant_workload(seed: int, steps: int = 120) -> tuple[Pair, Counter[str]]:
         _request(pair, r, hashes)
         open_.append(r)
         if rng.random() < 0.3:  # the hits alone, looked up again
-            pair.do("prefix_hits", lambda h=hashes: _ref_hits(pair.ref, h),
+            pair.do("prefix_hits", lambda h=hashes: ref_prefix_hits(pair.ref, h),
                     lambda h=hashes: nat.prefix_hits(h))
     errors = nat.structure_errors()
     if errors:
@@ -141,16 +135,22 @@ def _memo_then_evicted() -> tuple[NativePool, list[int], list[int]]:
     pool = NativePool(2, 1, checked=True)
     prompt, other = [2**255 + 1, 2**255 + 2], [2**254 + 1, 2**254 + 2]
     for r, hashes in (("a", prompt), ("b", prompt), ("c", other)):
-        pool.open_holder(r)
-        hits = pool.share_prefix(r, hashes)
-        new = pool.take_many(r, len(hashes) - len(hits))
-        pool.publish_many(r, new)
-        pool.begin_write_many(r, new, 1)
-        pool.end_write_many(new)
-        pool.cache_many(r, new, hashes[len(hits):])
-        pool.release_many(r, np.concatenate((hits, new))[::-1])
-        pool.close_holder(r)
+        _whole_request(pool, r, hashes)
     return pool, prompt, other
+
+
+def _whole_request(pool: NativePool, r: str, hashes: list[int]) -> None:
+    """Request r on a pool of one-slot blocks: its hits shared, its other blocks taken,
+    written and cached, then every block released and its holder closed."""
+    pool.open_holder(r)
+    hits = pool.share_prefix(r, hashes)
+    new = pool.take_many(r, len(hashes) - len(hits))
+    pool.publish_many(r, new)
+    pool.begin_write_many(r, new, 1)
+    pool.end_write_many(new)
+    pool.cache_many(r, new, hashes[len(hits):])
+    pool.release_many(r, np.concatenate((hits, new))[::-1])
+    pool.close_holder(r)
 
 
 def test_an_evicted_prefix_is_not_found_through_its_memo():
@@ -204,25 +204,14 @@ def test_a_memo_holds_the_prompt_its_lookups_agree_on():
     pool = NativePool(64, 1, checked=True)
     prompt = [2**255 + i for i in range(4)]
 
-    def request(r: str, hashes: list[int]) -> None:
-        pool.open_holder(r)
-        hits = pool.share_prefix(r, hashes)
-        new = pool.take_many(r, len(hashes) - len(hits))
-        pool.publish_many(r, new)
-        pool.begin_write_many(r, new, 1)
-        pool.end_write_many(new)
-        pool.cache_many(r, new, hashes[len(hits):])
-        pool.release_many(r, np.concatenate((hits, new))[::-1])
-        pool.close_holder(r)
-
     for i in range(4):  # each request's own blocks cached, then looked up again by it
         own = [2**254 + 10 * i, 2**254 + 10 * i + 1]
-        request(f"a{i}", prompt + own)
-        request(f"b{i}", prompt + own)
+        _whole_request(pool, f"a{i}", prompt + own)
+        _whole_request(pool, f"b{i}", prompt + own)
     memo = pool._memos.by_first[prompt[0]]
     assert memo.digests == prompt
-    request("short", prompt[:2] + [2**253])
+    _whole_request(pool, "short", prompt[:2] + [2**253])
     assert memo.digests == prompt[:2]
-    request("c", prompt)
-    request("d", prompt)
+    _whole_request(pool, "c", prompt)
+    _whole_request(pool, "d", prompt)
     assert memo.digests == prompt and pool.structure_errors() == []
