@@ -59,9 +59,6 @@ class PrefixMemos:
     def __init__(self) -> None:
         self.by_first: dict[int, Memo] = {}
 
-    def __bool__(self) -> bool:
-        return bool(self.by_first)
-
     def slots(self, hashes: list[int], rest: Callable[[list[int]], Sequence[int]]
               ) -> tuple[np.ndarray, int] | None:
         """The hash slots of ``hashes`` (a non-empty list) and how many leading ones the memo

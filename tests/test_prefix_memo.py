@@ -180,7 +180,7 @@ def test_a_bad_item_past_a_memo_is_refused_and_changes_nothing():
     pool.begin_write_many("a", new, 1)
     pool.end_write_many(new)
     pool.cache_many("a", new, prompt)
-    assert pool.prefix_hits(prompt).tolist() == new.tolist() and pool._memos
+    assert pool.prefix_hits(prompt).tolist() == new.tolist() and pool._memos.by_first
     before = snapshot(pool)
     for bad in ([prompt[0], np.array([1, 2])], [prompt[0], [1]], [[1], prompt[0]]):
         with pytest.raises(InvalidArgument):
