@@ -42,6 +42,8 @@ POOL_SIGNATURES: dict[str, tuple[Any, ...]] = {
     "registered_prefix": (VEC, VEC, I64, VEC),
     "cache_many": (*POOL, I64, ANY_VEC, VEC, I64),
     "share_prefix": (*POOL, I64, VEC, I64, VEC),
+    "admit": (*POOL, I64, VEC, I64, I64, VEC, MAT),
+    "finish": (*POOL, I64, ANY_VEC, I64, MAT),
     # each_<name>(B, M, H, K, X, blocks, n, <the other parameters>): only the block varies
     "each_publish": (*POOL, ANY_VEC, I64, I64),
     "each_begin_write": (*POOL, ANY_VEC, I64, I64, I64),

@@ -322,3 +322,43 @@ def registered_prefix(X, slots, n, out):
             return i
         out[i] = b
     return n
+
+
+ADMIT_TAKEN, ADMIT_NO_ROOM, ADMIT_OPEN_REFUSED, ADMIT_SHARE_REFUSED = range(4)
+
+
+@njit(cache=True)
+def admit(B, M, H, K, X, r, slots, nh, n, out, S):
+    """``BlockPool.admit``: ``registered_prefix`` of ``slots[:nh]`` into ``out`` (k hits);
+    then, where n - k blocks are usable once the hits an allocation could take (the spec's
+    ``takeable``) are revived, holder r opened (the spec's ``open_holder``), the hits shared
+    (``share_many``) and n - k blocks taken into ``out[k:]`` (``take_many``). Returns (an
+    ``ADMIT_*`` status, k, the hits shared, or the blocks usable where ``ADMIT_NO_ROOM``,
+    then ``take_many``'s five answers: zeros, -1 and ``TAKE_OK`` where it did not run)."""
+    k = registered_prefix(X, slots, nh, out)
+    usable = M[COUNT0 + FREE] + M[COUNT0 + CACHED] - M[CACHED_BUSY]
+    for i in range(k):
+        if g_takeable(B, M, H, K, X, out[i]):
+            usable -= 1
+    if n - k > usable:
+        return ADMIT_NO_ROOM, k, usable, 0, 0, 0, -1, TAKE_OK
+    if not g_open_holder(B, M, H, K, X, r):
+        return ADMIT_OPEN_REFUSED, k, 0, 0, 0, 0, -1, TAKE_OK
+    e_open_holder(B, M, H, K, X, r)
+    done = share_many(B, M, H, K, X, r, out, k)
+    if done < k:
+        return ADMIT_SHARE_REFUSED, k, done, 0, 0, 0, -1, TAKE_OK
+    taken, nev, nt, refused, status = take_many(B, M, H, K, X, r, n - k, out[k:], S)
+    return ADMIT_TAKEN, k, done, taken, nev, nt, refused, status
+
+
+@njit(cache=True)
+def finish(B, M, H, K, X, r, blocks, n, S):
+    """``BlockPool.finish``: ``release_many`` of ``blocks[:n]`` for holder r, then, where every
+    one was released and the spec's ``close_holder`` guard holds, r closed. Returns
+    (``release_many``'s two answers, whether r was closed)."""
+    done, nret = release_many(B, M, H, K, X, r, blocks, n, S)
+    if done < n or not g_close_holder(B, M, H, K, X, r):
+        return done, nret, False
+    e_close_holder(B, M, H, K, X, r)
+    return done, nret, True

@@ -58,7 +58,13 @@ from pagedkv.spec.request_spec import REQUEST_SPEC
 from . import native_source as ns
 from .allocator import _ordered
 from .compiled import _PROBE_BY_KIND, _effect_probe_pools, _probe_pools, _Unsupported
-from .errors import AllocatorError, GuardViolation, InvalidArgument, InvariantViolation
+from .errors import (
+    AllocatorError,
+    GuardViolation,
+    InvalidArgument,
+    InvariantViolation,
+    OutOfBlocks,
+)
 from .hashing import all_ints
 from .pool import (
     _GUARD_ERRORS,
@@ -740,6 +746,81 @@ class NativePool:
         if done < k:
             self._refuse("share", b=int(out[done]), r=r)
         return out[:k]
+
+    def admit(self, r: Hashable, hashes: Sequence[int], n: int) -> tuple[np.ndarray, int]:
+        """``BlockPool.admit`` in one native loop: holder r opened, the blocks registered under
+        the leading ``hashes`` shared for it, then blocks taken (evicting cached heads on the
+        way) to make ``n`` in all. Returns the n blocks as an int64 array, the hits first,
+        and how many are hits. Refused with nothing changed: ``n`` not a count, or fewer than
+        the hashes (``InvalidArgument``); too few blocks usable (``OutOfBlocks``); r open
+        already (the guard's error). A refused share raises, the shares before it staying."""
+        if type(n) is not int or n < 0:
+            n = check_count(n, "n (blocks)")
+        try:
+            slot = self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            slot = self._holder(r)  # raises InvalidArgument
+        try:
+            nh = len(hashes)
+        except TypeError:
+            raise InvalidArgument("hashes must be a sequence of hashable digests") from None
+        if nh > n:
+            raise InvalidArgument(f"admit of {n} blocks with {nh} hashes: a request's prefix "
+                                  "hits are among its blocks")
+        slots, matched = self._prefix_slots(hashes)
+        if slots is None:
+            slots = _NONE
+        new = slot == UNKNOWN_HOLDER
+        if new:
+            slot = self._new_holder_slot(r)
+        if self.M.item(_KEYS_USED) + n > self._keys_half:
+            self._room_for_keys(n)
+        out = np.empty(n, _INT64)
+        status, k, shared, *found = self._loops.admit(
+            self.B, self.M, self.H, self.K, self.X, slot, slots, len(slots), n, out,
+            self._scratch)
+        if k:
+            self._memos.learn(hashes, slots, k, matched)
+        mod = self.mod
+        if status == mod.ADMIT_TAKEN:
+            if self.checked:
+                self._check_touched("share", out, shared)
+            if found[1] or found[4] or self.checked:  # evictions, a stop, or checks to run
+                self._taken(r, slot, n - k, out[k:], tuple(found))
+            return out, k
+        if new and status != mod.ADMIT_SHARE_REFUSED:
+            self._forget_holder(r)
+        if status == mod.ADMIT_NO_ROOM:
+            raise OutOfBlocks(n - k, shared, self.waiting())
+        if status == mod.ADMIT_OPEN_REFUSED:
+            self._refuse("open_holder", r=r)
+        self._check_touched("share", out, shared)
+        self._refuse("share", b=int(out[shared]), r=r)
+        return out, k  # pragma: no cover - _refuse raises
+
+    def finish(self, r: Hashable, blocks: object) -> None:
+        """``BlockPool.finish`` in one native loop: each block released for holder r, in
+        order, then r closed. A refused release raises (``DoubleFree``), the releases before
+        it staying and r open; so does a refused close (r holds blocks still)."""
+        if type(blocks) is np.ndarray and blocks.dtype is _INT64 and blocks.ndim == 1:
+            bs = blocks
+        else:
+            bs = self._ids(blocks)
+        try:
+            slot = self._slot.get(r, UNKNOWN_HOLDER)
+        except TypeError:
+            slot = self._holder(r)  # raises InvalidArgument
+        n = len(bs)
+        S = self._scratch
+        if S.shape[1] < n:
+            S = self._scratch_for(n)
+        done, nret, closed = self._loops.finish(self.B, self.M, self.H, self.K, self.X, slot,
+                                                bs, n, S)
+        if nret or done < n or self.checked:
+            self._released(r, bs, done, nret)
+        if not closed:
+            self._refuse("close_holder", r=r)
+        self._forget_holder(r)
 
     def _run(self, name: str, bs: np.ndarray, r: Hashable | None = None,
              extra: np.ndarray | None = None) -> None:

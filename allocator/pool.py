@@ -55,6 +55,7 @@ from .errors import (
     GuardViolation,
     InvalidArgument,
     InvariantViolation,
+    OutOfBlocks,
     PendingAccess,
     PublishError,
 )
@@ -933,6 +934,60 @@ class BlockPool(PoolStorage):
     def lookup(self, h: int) -> int | None:
         b = self.hmap.get(h)
         return b
+
+    def prefix_hits(self, hashes: Sequence[int]) -> list[int]:
+        """The blocks registered under the leading hashes, up to the first that is not (what
+        an admission shares: a prefix hit stops at the first miss)."""
+        found: list[int] = []
+        try:
+            for h in hashes:
+                b = self.hmap.get(h)
+                if b is None:
+                    break
+                found.append(b)
+        except TypeError:
+            raise InvalidArgument("hashes must be a sequence of hashable digests") from None
+        return found
+
+    # ---- an admission and a request's end, each as one call ----------------------------------
+    def admit(self, r: Hashable, hashes: Sequence[int], n: int) -> tuple[list[int], int]:
+        """An admission's pool calls as one: holder r opened (``open_holder``), the blocks
+        registered under the leading ``hashes`` shared for it (``prefix_hits``, each
+        ``share``), then blocks taken to make ``n`` in all (``take_many``). Returns the n
+        blocks, the hits first, and how many are hits. Refused with nothing changed: ``n``
+        not a count, or fewer than the hashes (``InvalidArgument``: a request's hits are
+        among its blocks); too few blocks usable for the n - hits to take once the hits an
+        allocation could take are revived (``OutOfBlocks``); r open already (the guard's
+        error). A refused share raises, the shares before it staying, r open."""
+        n = check_count(n, "n (blocks)")
+        try:
+            nh = len(hashes)
+        except TypeError:
+            raise InvalidArgument("hashes must be a sequence of hashable digests") from None
+        if nh > n:
+            raise InvalidArgument(f"admit of {n} blocks with {nh} hashes: a request's prefix "
+                                  "hits are among its blocks")
+        hits = self.prefix_hits(hashes)
+        can_take = self.predicate(takeable, ("b",))
+        need = n - len(hits)
+        available = self.usable() - sum(1 for b in hits if can_take(b))
+        if need > available:
+            raise OutOfBlocks(need, available, self.waiting())
+        self.open_holder(r)
+        self.run_many("share", [(b, r) for b in hits])
+        return hits + self.take_many(r, need), len(hits)
+
+    def finish(self, r: Hashable, blocks: Sequence[int]) -> None:
+        """A request's end as one call: each block released for holder r, in order
+        (``release``), then r closed (``close_holder``). A refused release raises, the
+        releases before it staying and r open; so does a refused close (r holds blocks
+        still)."""
+        try:
+            items = [(b, r) for b in blocks]
+        except TypeError:
+            raise InvalidArgument("finish takes a sequence of block ids") from None
+        self.run_many("release", items)
+        self.close_holder(r)
 
     # ---- abstraction and scans ---------------------------------------------------------------
     def structure_errors(self) -> list[tuple[str, str]]:

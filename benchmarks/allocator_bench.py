@@ -57,8 +57,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from pagedkv.allocator import BlockAllocator, BlockPool
 from pagedkv.allocator.hashing import block_hash
 from pagedkv.allocator.native_pool import NativePool, NativeUnavailable
@@ -265,30 +263,29 @@ def prefix_pool(checked: bool, nreq: int, repeat: int) -> dict[str, float]:
 
 
 def _native_request(p: NativePool, r: object, toks: list[int], hashes: list[int]) -> int:
-    """``_pool_request`` with the native pool's batched calls (``share_prefix``: the leading
-    cached blocks shared; ``cache_many``: a commit of each new full block whose hash is not
-    registered yet); returns the hit length. The same decisions: a lookup does not change
+    """``_pool_request`` with the native pool's batched calls (``admit``: the holder opened,
+    the leading cached blocks shared, the rest taken; ``cache_many``: a commit of each new
+    full block whose hash is not registered yet; ``finish``: every block released, the
+    holder closed); returns the hit length. The same decisions: a lookup does not change
     the pool, and a request's chain hashes are distinct, so looking the hits up before
     sharing chooses what the per-block interleaving chooses."""
-    p.open_holder(r)
-    hb = p.share_prefix(r, hashes[: (len(toks) - 1) // B])
-    new = p.take_many(r, -(-len(toks) // B) - len(hb))
+    blocks, hit = p.admit(r, hashes[: (len(toks) - 1) // B], -(-len(toks) // B))
+    new = blocks[hit:]
     p.publish_many(r, new)
     p.begin_write_many(r, new, B)
     p.end_write_many(new)
-    rest = hashes[len(hb):]
+    rest = hashes[hit:]
     p.cache_many(r, new[:len(rest)], rest)
-    p.release_many(r, np.concatenate((hb, new))[::-1])
-    p.close_holder(r)
-    return len(hb)
+    p.finish(r, blocks[::-1])
+    return hit
 
 
 def _native_hit(p: NativePool, r: object, toks: list[int], hashes: list[int]) -> None:
     """The hit workload's request on a native pool: its cached prefix shared
-    (``share_prefix``: the lookups and the touches in one call), then released."""
+    (``share_prefix``: the lookups and the touches in one call), then released and the
+    holder closed (``finish``)."""
     p.open_holder(r)
-    p.release_many(r, p.share_prefix(r, hashes[: (len(toks) - 1) // B])[::-1])
-    p.close_holder(r)
+    p.finish(r, p.share_prefix(r, hashes[: (len(toks) - 1) // B])[::-1])
 
 
 def prefix_native(checked: bool, nreq: int, repeat: int,

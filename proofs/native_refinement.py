@@ -24,7 +24,15 @@ import numpy as np
 
 from pagedkv.allocator import BlockPool
 from pagedkv.allocator.native_pool import NativePool
-from pagedkv.spec import ALLOCATED, CACHED, PUBLISHED, REFERENCED, violations
+from pagedkv.spec import (
+    ALLOCATED,
+    CACHED,
+    CONCRETE,
+    PUBLISHED,
+    REFERENCED,
+    takeable,
+    violations,
+)
 
 STATE_FIELDS = ("state", "ref", "retire", "wpend", "filled", "gen", "init", "hash", "queued",
                 "count", "clock", "hmap", "held", "inflight")
@@ -50,6 +58,8 @@ def _outcome(fn: Any) -> Any:
         return type(exc)
     if result is None or isinstance(result, int):
         return result
+    if isinstance(result, tuple):  # admit's (blocks, hits)
+        return [int(b) for b in result[0]], result[1]
     return [int(b) for b in result]
 
 
@@ -72,23 +82,41 @@ class Pair:
         return want
 
 
-def ref_prefix_hits(ref: BlockPool, hashes: list[int]) -> list[int]:
-    """``NativePool.prefix_hits`` on a BlockPool: the blocks of the leading registered
-    hashes."""
-    found = []
-    for h in hashes:
-        b = ref.lookup(h)
-        if b is None:
-            break
-        found.append(b)
-    return found
-
-
 def _share_prefix(ref: BlockPool, r: Any, hashes: list[int]) -> list[int]:
     """``NativePool.share_prefix`` on a BlockPool: the leading registered blocks, shared."""
-    found = ref_prefix_hits(ref, hashes)
+    found = ref.prefix_hits(hashes)
     ref.run_many("share", [(b, r) for b in found])
     return found
+
+
+def admit_room(ref: BlockPool, hashes: list[int]) -> int:
+    """The most blocks ``admit`` of ``hashes`` can return on ref: its hits and the usable
+    blocks left once those an allocation could take are revived."""
+    hits = ref.prefix_hits(hashes)
+    return len(hits) + ref.usable() - sum(bool(takeable(CONCRETE, ref.view, b)) for b in hits)
+
+
+def _admit(pair: Pair, rng: random.Random, r: str) -> None:
+    """``admit`` of r (an open holder at times: refused) on both pools: the hashes of some
+    registered blocks in a random order, at times with a digest never registered among them
+    or a block's hash twice (its second share refused); n blocks in all, at times fewer than
+    the hashes or more than the pool has."""
+    ref = pair.ref
+    hashes = [ref.hash[b] for b in rng.sample(sorted(ref.hmap.values()),
+                                              rng.randrange(0, len(ref.hmap) + 1))]
+    if hashes and rng.random() < 0.2:
+        hashes.insert(rng.randrange(len(hashes) + 1), 2**255 - 1)
+    if hashes and rng.random() < 0.1:
+        hashes.insert(rng.randrange(len(hashes) + 1), rng.choice(hashes))
+    n = len(hashes) + rng.randrange(0, 3)
+    if rng.random() < 0.3:  # at the room's edge: every usable block, or one more
+        n = max(n, admit_room(ref, hashes) + rng.randrange(0, 2))
+    elif hashes and rng.random() < 0.1:
+        n = ref.num_blocks + 1 if rng.random() < 0.5 else len(hashes) - 1
+    cached = len(ref.hmap)
+    pair.do("admit", lambda: ref.admit(r, hashes, n), lambda: pair.nat.admit(r, hashes, n))
+    if len(ref.hmap) < cached:
+        pair.seen.append(("evicted", cached - len(ref.hmap)))
 
 
 def random_workload(seed: int, checked: bool, steps: int = 300) -> Pair:
@@ -130,13 +158,24 @@ def random_workload(seed: int, checked: bool, steps: int = 300) -> Pair:
             blocks = rng.sample(held, rng.randrange(1, len(held) + 1))
             if rng.random() < 0.1:  # a block r does not hold: DoubleFree after the others
                 blocks.append(rng.randrange(ref.num_blocks))
-            if len(blocks) == 1 and len(held) % 2:
+            if rng.random() < 0.25:  # a request's end: r closed if it then holds nothing
+                pair.do("finish", lambda: ref.finish(r, blocks), lambda: nat.finish(r, blocks))
+                if r not in ref.held:
+                    holders.remove(r)
+            elif len(blocks) == 1 and len(held) % 2:
                 pair.do("release", lambda: ref.release(blocks[0], r),
                         lambda: nat.release(blocks[0], r))
             else:
                 pair.do("release_many",
                         lambda: ref.run_many("release", [(b, r) for b in blocks]),
                         lambda: nat.release_many(r, blocks))
+        elif op < 0.44 and rng.random() < (0.6 if ref.hmap else 0.1):
+            # an admission, mostly where blocks are registered (of r, open already: refused)
+            new = f"r{serial}" if rng.random() < 0.9 else r
+            serial += 1
+            _admit(pair, rng, new)
+            if new in ref.held and new not in holders:
+                holders.append(new)
         elif op < 0.44:
             shareable = (REFERENCED, CACHED, PUBLISHED) if rng.random() < 0.2 else (REFERENCED,
                                                                                     CACHED)

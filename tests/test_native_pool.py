@@ -21,6 +21,7 @@ from pagedkv.allocator import (  # noqa: E402
     GuardViolation,
     InvalidArgument,
     InvariantViolation,
+    OutOfBlocks,
     PendingAccess,
     native_source,  # noqa: E402
 )
@@ -71,8 +72,11 @@ def test_the_workloads_reach_what_they_compare():
                   "share_prefix", "publish_many",
                   "begin_write_many", "end_write_many", "commit_many", "cache_many", "launch",
                   "complete",
-                  "advance_watermark", "close_holder", "rewind"}
+                  "advance_watermark", "close_holder", "rewind", "admit", "finish"}
     assert ("release_many", DoubleFree) in seen
+    assert ("finish", DoubleFree) in seen and ("admit", OutOfBlocks) in seen
+    assert ("finish", GuardViolation) in seen and ("admit", GuardViolation) in seen
+    assert any(name == "admit" and isinstance(out, tuple) and out[1] for name, out in seen)
     assert any(name == "evicted" for name, _ in seen)
     assert any(name == "advance_watermark" and out for name, out in seen)
     assert any(name == "cache_skipped" and out for name, out in seen)

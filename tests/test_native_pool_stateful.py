@@ -19,7 +19,7 @@ from hypothesis.stateful import (  # noqa: E402
     rule,
 )
 
-from pagedkv.proofs.native_refinement import Pair  # noqa: E402
+from pagedkv.proofs.native_refinement import Pair, admit_room  # noqa: E402
 from pagedkv.spec import (  # noqa: E402
     ALLOCATED,
     CACHED,
@@ -151,6 +151,43 @@ class NativeAgainstBlockPool(RuleBasedStateMachine):
                      lambda: self.pair.nat.complete(L))
         self.pair.do("advance_watermark", self.ref.advance_watermark,
                      self.pair.nat.advance_watermark)
+
+    @rule(data=st.data(), extra=st.integers(-1, 3), edge=st.booleans(), reopen=st.booleans())
+    def admit(self, data, extra: int, edge: bool, reopen: bool) -> None:
+        """An admission: registered hashes in any order, at times one never registered or
+        one twice; n the hashes and ``extra`` more (fewer at -1: refused), or at the room's
+        ``edge`` (all it can take, or one more: refused); of an open holder where
+        ``reopen`` (refused)."""
+        known = sorted(self.ref.hmap)
+        hashes = data.draw(st.lists(st.sampled_from([*known, 9]) if known else st.just(9),
+                                    max_size=4))
+        if reopen and self.holders:
+            r = data.draw(st.sampled_from(self.holders))
+        else:
+            r = f"r{self.serial}"
+            self.serial += 1
+        n = max(len(hashes) + extra, 0)
+        if edge:
+            n = max(admit_room(self.ref, hashes) + extra % 2, len(hashes))
+        self.pair.do("admit", lambda: self.ref.admit(r, hashes, n),
+                     lambda: self.pair.nat.admit(r, hashes, n))
+        if r in self.ref.held and r not in self.holders:
+            self.holders.append(r)
+
+    @precondition(lambda self: self.holders)
+    @rule(data=st.data(), stray=st.booleans())
+    def finish(self, data, stray: bool) -> None:
+        """A request's end: its blocks (at times some of them only: the close refused, or
+        with a block it may not hold: DoubleFree) released, then closed."""
+        r = data.draw(st.sampled_from(self.holders))
+        blocks = data.draw(st.permutations(self._held(r)))
+        blocks = blocks[:data.draw(st.integers(max(len(blocks) - 1, 0), len(blocks)))]
+        if stray:
+            blocks.append(data.draw(st.integers(0, self.ref.num_blocks - 1)))
+        self.pair.do("finish", lambda: self.ref.finish(r, blocks),
+                     lambda: self.pair.nat.finish(r, blocks))
+        if r not in self.ref.held:
+            self.holders.remove(r)
 
     @precondition(lambda self: self.holders)
     @rule(data=st.data())

@@ -15,13 +15,12 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
-from pagedkv.allocator.errors import InvalidArgument  # noqa: E402
+from pagedkv.allocator.errors import InvalidArgument, OutOfBlocks  # noqa: E402
 from pagedkv.allocator.native_pool import NativePool  # noqa: E402
 from pagedkv.allocator.prefix_memo import PrefixMemos, common_length  # noqa: E402
 from pagedkv.proofs.native_refinement import (  # noqa: E402
     Pair,
     _share_prefix,
-    ref_prefix_hits,
     snapshot,
 )
 
@@ -33,15 +32,22 @@ TENANTS = [[2**255 + i for i in range(6)],
            [2**253 + i for i in range(5)]]
 
 
-def _request(pair: Pair, r: str, hashes: list[int]) -> None:
+def _request(pair: Pair, r: str, hashes: list[int], fused: bool = False) -> None:
     """Request r on both pools: its prefix hits shared, its other blocks taken, written and
-    cached (as far as the pool has room)."""
+    cached (as far as the pool has room). ``fused``: the first three calls as one
+    (``admit``) where the pool has room for every block."""
     ref, nat = pair.ref, pair.nat
-    pair.do("open_holder", lambda: ref.open_holder(r), lambda: nat.open_holder(r))
-    hits = pair.do("share_prefix", lambda: _share_prefix(ref, r, hashes),
-                   lambda: nat.share_prefix(r, hashes))
-    n = min(len(hashes) - len(hits), ref.usable())
-    new = pair.do("take_many", lambda: ref.take_many(r, n), lambda: nat.take_many(r, n))
+    admitted = fused and pair.do("admit", lambda: ref.admit(r, hashes, len(hashes)),
+                                 lambda: nat.admit(r, hashes, len(hashes)))
+    if isinstance(admitted, tuple):
+        blocks, k = admitted
+        hits, new = blocks[:k], blocks[k:]
+    else:  # (OutOfBlocks: nothing changed)
+        pair.do("open_holder", lambda: ref.open_holder(r), lambda: nat.open_holder(r))
+        hits = pair.do("share_prefix", lambda: _share_prefix(ref, r, hashes),
+                       lambda: nat.share_prefix(r, hashes))
+        n = min(len(hashes) - len(hits), ref.usable())
+        new = pair.do("take_many", lambda: ref.take_many(r, n), lambda: nat.take_many(r, n))
     pair.do("publish_many", lambda: ref.run_many("publish", [(b, r) for b in new]),
             lambda: nat.publish_many(r, new))
     pair.do("begin_write_many", lambda: ref.run_many("begin_write", [(b, r, B) for b in new]),
@@ -53,18 +59,24 @@ def _request(pair: Pair, r: str, hashes: list[int]) -> None:
             lambda: nat.cache_many(r, new, rest))
 
 
-def _finish(pair: Pair, r: str) -> None:
+def _finish(pair: Pair, r: str, fused: bool = False) -> None:
     ref, nat = pair.ref, pair.nat
     held = sorted(ref.held.get(r, ()), reverse=True)
+    if fused:
+        pair.do("finish", lambda: ref.finish(r, held), lambda: nat.finish(r, held))
+        return
     pair.do("release_many", lambda: ref.run_many("release", [(b, r) for b in held]),
             lambda: nat.release_many(r, held))
     pair.do("close_holder", lambda: ref.close_holder(r), lambda: nat.close_holder(r))
 
 
-def _tenant_workload(seed: int, steps: int = 120) -> tuple[Pair, Counter[str]]:
+def _tenant_workload(seed: int, steps: int = 120, fused: bool = False
+                     ) -> tuple[Pair, Counter[str]]:
     """Requests of the tenants, each its prompt (sometimes cut short) and blocks of its own,
     a few open at once in a pool too small to keep every prompt: memos are made, matched,
-    truncated, extended and dropped with their evicted slots. Returns what the memos did."""
+    truncated, extended and dropped with their evicted slots. ``fused``: each admission
+    (where it has room) and each end one call (``admit``, ``finish``). Returns what the
+    memos did."""
     rng = random.Random(seed)
     pair = Pair(rng.choice((10, 14, 20)), B, checked=seed % 2 == 0)
     nat = pair.nat
@@ -95,17 +107,17 @@ def _tenant_workload(seed: int, steps: int = 120) -> tuple[Pair, Counter[str]]:
     open_: list[str] = []
     for i in range(steps):
         if open_ and (len(open_) > 2 or rng.random() < 0.4):
-            _finish(pair, open_.pop(rng.randrange(len(open_))))
+            _finish(pair, open_.pop(rng.randrange(len(open_))), fused)
             continue
         prompt = rng.choice(TENANTS)
         prompt = prompt[:rng.randrange(1, len(prompt) + 1)] if rng.random() < 0.3 else prompt
         own = [7_000_000 + 10 * i + k for k in range(rng.randrange(0, 3))]
         hashes = prompt + own
         r = f"r{i}"
-        _request(pair, r, hashes)
+        _request(pair, r, hashes, fused)
         open_.append(r)
         if rng.random() < 0.3:  # the hits alone, looked up again
-            pair.do("prefix_hits", lambda h=hashes: ref_prefix_hits(pair.ref, h),
+            pair.do("prefix_hits", lambda h=hashes: pair.ref.prefix_hits(h),
                     lambda h=hashes: nat.prefix_hits(h))
     errors = nat.structure_errors()
     if errors:
@@ -114,8 +126,20 @@ def _tenant_workload(seed: int, steps: int = 120) -> tuple[Pair, Counter[str]]:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_lookups_through_memos_give_what_blockpool_gives(seed):
-    _tenant_workload(seed)
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "admit+finish"])
+def test_lookups_through_memos_give_what_blockpool_gives(seed, fused):
+    _tenant_workload(seed, fused=fused)
+
+
+def test_the_fused_workloads_admit_with_hits_and_refuse_for_room():
+    """Across the seeds, ``admit`` takes prefix hits, admits without any, and is refused for
+    room (changing nothing, as BlockPool's): else the fused comparison proves less."""
+    seen = Counter()
+    for seed in range(8):
+        for name, out in _tenant_workload(seed, fused=True)[0].seen:
+            if name == "admit":
+                seen["refused" if out is OutOfBlocks else "hits" if out[1] else "none"] += 1
+    assert seen.keys() == {"refused", "hits", "none"}, seen
 
 
 def test_the_tenant_workloads_reach_every_memo_move():
