@@ -963,13 +963,11 @@ class NativeAllocator(RequestBook):
     @_locked
     def free(self, rid: Hashable) -> None:
         """Release rid's blocks, tail first (a block a launch may still read waits for it),
-        and forget the request (spec: release each, close_holder)."""
+        and forget the request (spec: release each, close_holder: ``NativePool.finish``)."""
         req = self._req(rid)
         row, pool = req.row, self.pool
         tlen = int(self.R[R_TLEN, row])
-        if tlen:
-            pool.release_many(rid, self.T[row, tlen - 1::-1].copy())
-        pool.close_holder(rid)
+        pool.finish(rid, self.T[row, tlen - 1::-1].copy() if tlen else _NONE)
         self.T[row, :tlen] = -1
         self.R[:, row] = 0
         self._rows.close(row, tlen)
