@@ -4,7 +4,8 @@ The same lifecycle as ``BlockPool`` (same blocks chosen, same states, same error
 run both side by side), kept in NumPy arrays (``native_source``'s layout) so that a batch of
 transitions runs as one native loop: ``take_many`` (allocations, with LRU eviction of cached
 blocks on the way), ``release_many``, ``share_many``, ``publish_many``,
-``begin_write_many``, ``end_write_many``, ``commit_many``. Each loop calls the spec's guard and
+``begin_write_many``, ``end_write_many``, ``commit_many``, and an admission and a request's end
+(``admit``, ``finish``) as one loop each. Each loop calls the spec's guard and
 effect of every block, generated from the spec (``spec=`` as for ``BlockPool``), and the
 generated module is checked against the interpreted spec on the probe states before any pool
 uses it (``self_check``). The launch clock (``launch``, ``complete``, ``advance``) runs the
