@@ -3,11 +3,12 @@
 ``BlockPool`` is held to the spec by the refinement campaign (``proofs.refinement``); the
 native pool (``allocator/native_pool.py``, the spec's transitions compiled to numba loops) is
 held here to ``BlockPool`` on seeded random workloads: every operation of the pool layer
-(holders, ``take_many`` with its evictions, releases, shares and prefix shares, publishes,
-writes and their completions, commits and caching passes, rewinds, launches, completions and
-the watermark) is made on both, and they must return the same blocks, raise the same error
-types, and end in the same state, queue order and retire queue; at the end the native pool's
-structure and the spec's invariants are scanned. Its generated code is held to the
+(holders, ``take_many`` with its evictions, releases, shares and prefix shares, admissions
+and requests' ends as one call each (``admit``, ``finish``), publishes, writes and their
+completions, commits and caching passes, rewinds, launches, completions and the watermark) is
+made on both, and they must return the same blocks, raise the same error types, and end in
+the same state, queue order and retire queue; at the end the native pool's structure and the
+spec's invariants are scanned. Its generated code is held to the
 interpreted spec separately (``native_pool.self_check``, at start-up). ``pagedkv verify``
 runs ``run_native_campaign``; the tests run the same workloads.
 """
