@@ -72,6 +72,7 @@ from .pool import (
     MAX_BLOCKS,
     MAX_HASH,
     BlockPool,
+    check_admission,
     clock_invariants,
     local_invariants,
 )
@@ -761,13 +762,7 @@ class NativePool:
             slot = self._slot.get(r, UNKNOWN_HOLDER)
         except TypeError:
             slot = self._holder(r)  # raises InvalidArgument
-        try:
-            nh = len(hashes)
-        except TypeError:
-            raise InvalidArgument("hashes must be a sequence of hashable digests") from None
-        if nh > n:
-            raise InvalidArgument(f"admit of {n} blocks with {nh} hashes: a request's prefix "
-                                  "hits are among its blocks")
+        check_admission(hashes, n)
         slots, matched = self._prefix_slots(hashes)
         if slots is None:
             slots = _NONE

@@ -113,6 +113,19 @@ def clock_invariants() -> list[Any]:
             if inv.scope == "launch" or (inv.scope == "pool" and not _sums_over_pool(inv))]
 
 
+def check_admission(hashes: Sequence[int], n: int) -> None:
+    """An admission of ``n`` blocks (a count) looking up ``hashes``: ``InvalidArgument``
+    unless they are a sequence no longer than n (a request's prefix hits are among its
+    blocks). ``BlockPool.admit``'s check, and ``NativePool.admit``'s."""
+    try:
+        nh = len(hashes)
+    except TypeError:
+        raise InvalidArgument("hashes must be a sequence of hashable digests") from None
+    if nh > n:
+        raise InvalidArgument(f"admit of {n} blocks with {nh} hashes: a request's prefix hits "
+                              "are among its blocks")
+
+
 class BlockPool(PoolStorage):
     """Physical blocks, their lifecycle states, the eviction queue and the prefix-hash map."""
 
@@ -960,13 +973,7 @@ class BlockPool(PoolStorage):
         allocation could take are revived (``OutOfBlocks``); r open already (the guard's
         error). A refused share raises, the shares before it staying, r open."""
         n = check_count(n, "n (blocks)")
-        try:
-            nh = len(hashes)
-        except TypeError:
-            raise InvalidArgument("hashes must be a sequence of hashable digests") from None
-        if nh > n:
-            raise InvalidArgument(f"admit of {n} blocks with {nh} hashes: a request's prefix "
-                                  "hits are among its blocks")
+        check_admission(hashes, n)
         hits = self.prefix_hits(hashes)
         can_take = self.predicate(takeable, ("b",))
         need = n - len(hits)
