@@ -6,6 +6,7 @@ each other here and to the separate calls, refusals included."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 pytest.importorskip("numba")
@@ -149,3 +150,28 @@ def test_blockpool_admit_is_its_single_calls():
         b.release(blk, "r")
     b.close_holder("r")
     assert snapshot(a) == snapshot(b)
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_an_admission_past_the_scratch_rows_takes_the_rest_once_they_grow(checked):
+    """An admission whose takes and evictions touch more blocks than the native loop's
+    scratch rows hold stops there, and the pool takes the rest after growing them: the same
+    blocks, evictions and state as BlockPool's."""
+    pair = Pair(200, B, checked)
+    ref, nat = pair.ref, pair.nat
+    hashes = [2**200 + i for i in range(150)]
+    blocks, _ = pair.do("admit", lambda: ref.admit("w", [], 150), lambda: nat.admit("w", [], 150))
+    pair.do("publish", lambda: ref.run_many("publish", [(b, "w") for b in blocks]),
+            lambda: nat.publish_many("w", blocks))
+    pair.do("write", lambda: ref.run_many("begin_write", [(b, "w", B) for b in blocks]),
+            lambda: nat.begin_write_many("w", blocks, B))
+    pair.do("end", lambda: ref.run_many("end_write", [(b,) for b in blocks]),
+            lambda: nat.end_write_many(blocks))
+    pair.do("cache", lambda: ref.cache_many("w", blocks, hashes),
+            lambda: nat.cache_many("w", blocks, hashes))
+    pair.do("finish", lambda: ref.finish("w", blocks), lambda: nat.finish("w", blocks))
+    nat._scratch = np.empty((3, 64), np.int64)  # (as a new pool's)
+    got, hits = pair.do("admit", lambda: ref.admit("b", hashes[:3], 190),
+                        lambda: nat.admit("b", hashes[:3], 190))
+    assert hits == 3 and len(got) == 190 and len(ref.hmap) == 13  # 137 cached blocks evicted
+    assert nat._scratch.shape[1] > 64 and nat.structure_errors() == []
