@@ -26,19 +26,20 @@ B = 2
 PROMPT = [2**255 + i for i in range(3)]
 
 
-def _cached_prompt(pair: Pair, busy: bool = False) -> list[int]:
+def _cached_prompt(pair: Pair, busy: bool = False, prompt: list[int] = PROMPT) -> list[int]:
     """Holder "w" writes and caches the prompt's blocks and ends: they stay CACHED (busy:
     released under a launch in flight, which stays so). Returns them."""
     ref, nat = pair.ref, pair.nat
-    blocks, _ = pair.do("admit", lambda: ref.admit("w", [], 3), lambda: nat.admit("w", [], 3))
+    n = len(prompt)
+    blocks, _ = pair.do("admit", lambda: ref.admit("w", [], n), lambda: nat.admit("w", [], n))
     pair.do("publish", lambda: ref.run_many("publish", [(b, "w") for b in blocks]),
             lambda: nat.publish_many("w", blocks))
     pair.do("write", lambda: ref.run_many("begin_write", [(b, "w", B) for b in blocks]),
             lambda: nat.begin_write_many("w", blocks, B))
     pair.do("end", lambda: ref.run_many("end_write", [(b,) for b in blocks]),
             lambda: nat.end_write_many(blocks))
-    pair.do("cache", lambda: ref.cache_many("w", blocks, PROMPT),
-            lambda: nat.cache_many("w", blocks, PROMPT))
+    pair.do("cache", lambda: ref.cache_many("w", blocks, prompt),
+            lambda: nat.cache_many("w", blocks, prompt))
     if busy:
         L = ref.clock[0]
         pair.do("launch", lambda: ref.launch(L), lambda: None if nat.launch() == L else L)
@@ -160,16 +161,7 @@ def test_an_admission_past_the_scratch_rows_takes_the_rest_once_they_grow(checke
     pair = Pair(200, B, checked)
     ref, nat = pair.ref, pair.nat
     hashes = [2**200 + i for i in range(150)]
-    blocks, _ = pair.do("admit", lambda: ref.admit("w", [], 150), lambda: nat.admit("w", [], 150))
-    pair.do("publish", lambda: ref.run_many("publish", [(b, "w") for b in blocks]),
-            lambda: nat.publish_many("w", blocks))
-    pair.do("write", lambda: ref.run_many("begin_write", [(b, "w", B) for b in blocks]),
-            lambda: nat.begin_write_many("w", blocks, B))
-    pair.do("end", lambda: ref.run_many("end_write", [(b,) for b in blocks]),
-            lambda: nat.end_write_many(blocks))
-    pair.do("cache", lambda: ref.cache_many("w", blocks, hashes),
-            lambda: nat.cache_many("w", blocks, hashes))
-    pair.do("finish", lambda: ref.finish("w", blocks), lambda: nat.finish("w", blocks))
+    _cached_prompt(pair, prompt=hashes)
     nat._scratch = np.empty((3, 64), np.int64)  # (as a new pool's)
     got, hits = pair.do("admit", lambda: ref.admit("b", hashes[:3], 190),
                         lambda: nat.admit("b", hashes[:3], 190))
