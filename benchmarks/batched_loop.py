@@ -13,7 +13,8 @@ step makes the same decisions with fewer calls. ``run`` here is that scheduler, 
 - admissions, only in a step without a preemption, are one ``add`` and one ``allocate`` per
   waiting request, from the front, until one does not fit (as in vLLM's scheduler);
 - then one ``commit_many`` of every request scheduled, one ``append_many`` of the tokens
-  sampled by those that reached their token count, and a ``free`` of each that finished.
+  sampled by those that reached their token count (each given as two sequences, the
+  requests and their values), and a ``free`` of each that finished.
 
 The decisions are those of ``traces.simulate`` (FCFS, chunked prefill, the same budget and
 running cap): ``record_ops`` receives the same ``(step, op, rid, arg, result)`` tuples, in
@@ -62,7 +63,7 @@ def run(trace: list[dict], driver: Any, *, token_budget: int = 8192, max_running
     rec = record_ops.append if record_ops is not None else None
     waiting: deque[str] = deque()
     running: list[str] = []
-    tokens: dict[str, int] = {}  # prompt + sampled
+    tokens_of: dict[str, int] = {}  # prompt + sampled
     computed: dict[str, int] = {}
     sampled: dict[str, int] = {}
     first_admitted: set[str] = set()
@@ -85,7 +86,7 @@ def run(trace: list[dict], driver: Any, *, token_budget: int = 8192, max_running
             for rid in running[start:]:
                 if room <= 0:
                     break
-                n = min(tokens[rid] - computed[rid], room)
+                n = min(tokens_of[rid] - computed[rid], room)
                 if n > 0:
                     rids.append(rid)
                     counts.append(n)
@@ -117,16 +118,16 @@ def run(trace: list[dict], driver: Any, *, token_budget: int = 8192, max_running
             start = running.index(refused)
         while not preempted and budget > 0 and waiting and len(running) < max_running:
             rid = waiting[0]
-            if rid in tokens:
+            if rid in tokens_of:
                 hits = timer("add", driver.add, rid)
             else:
                 r = by_rid[rid]
                 hits = timer("add", driver.add, rid, r["prompt"], r["cache_salt"])
-                tokens[rid], sampled[rid] = len(r["prompt"]), 0
+                tokens_of[rid], sampled[rid] = len(r["prompt"]), 0
             if rec:
                 rec((step, "add", rid, None, hits))
             totals["lookups"] += 1
-            n = min(tokens[rid] - hits, budget)
+            n = min(tokens_of[rid] - hits, budget)
             new = timer("admit", driver.allocate, rid, n)
             if rec:
                 rec((step, "allocate", rid, n, None if new is None else len(new)))
@@ -142,31 +143,32 @@ def run(trace: list[dict], driver: Any, *, token_budget: int = 8192, max_running
             totals["hit_tokens"] += hits
             if rid not in first_admitted:
                 first_admitted.add(rid)
-                totals["first_admission_tokens"] += tokens[rid]
+                totals["first_admission_tokens"] += tokens_of[rid]
                 totals["first_admission_hits"] += hits
             scheduled[rid] = n
             budget -= n
-        commits = []
+        committed, counts = list(scheduled), []
         for rid, n in scheduled.items():
             computed[rid] += n
-            commits.append((rid, computed[rid]))
-        if commits:
-            timer("commit", driver.commit_many, commits)
-        appends, finished = [], []
-        for rid, c in commits:
+            counts.append(computed[rid])
+        if committed:
+            timer("commit", driver.commit_many, committed, counts)
+        sampling, tokens, finished = [], [], []
+        for rid, c in zip(committed, counts, strict=True):
             if rec:
                 rec((step, "commit", rid, c, None))
-            if c == tokens[rid]:
+            if c == tokens_of[rid]:
                 r = by_rid[rid]
-                appends.append((rid, r["output"][sampled[rid]]))
+                sampling.append(rid)
+                tokens.append(r["output"][sampled[rid]])
                 sampled[rid] += 1
-                tokens[rid] += 1
+                tokens_of[rid] += 1
                 if sampled[rid] == len(r["output"]):
                     finished.append(rid)
-        if appends:
-            timer("append", driver.append_many, appends)
+        if sampling:
+            timer("append", driver.append_many, sampling, tokens)
             if rec:
-                for rid, token in appends:
+                for rid, token in zip(sampling, tokens, strict=True):
                     rec((step, "append", rid, token, None))
         for rid in finished:
             timer("free", driver.free, rid)

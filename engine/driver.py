@@ -67,6 +67,18 @@ class AdmissionStats:
         return s
 
 
+def columns(pairs: Sequence[Any], values: Sequence[Any] | None, call: str
+             ) -> tuple[list[Any], Sequence[Any]]:
+    """A step-level call's requests and their values: ``pairs`` of ``(rid, value)``, or
+    (``values`` given) the requests ``pairs`` and ``values`` as they are, of one length
+    (``ValueError``); the requests as a list of their own."""
+    if values is None:
+        return [rid for rid, _ in pairs], [v for _, v in pairs]
+    if len(values) != len(pairs):
+        raise ValueError(f"{call}: {len(pairs)} requests but {len(values)} values")
+    return list(pairs), values
+
+
 def launch_batch(rid: Any, scheduled: dict[Any, Any], launched: set[Any]) -> list[Any]:
     """The requests the launch that a commit of ``rid`` runs covers (a driver models a step
     as one launch): every request allocated since ``step()`` and not launched yet
@@ -211,20 +223,23 @@ class PagedKVDriver:
             launched.discard(rid)  # positions allocated after the launch need another
         return [list(blocks.block_ids) for blocks in got]
 
-    def commit_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
-        """``commit(rid, n)`` of each pair, in order; every pair is checked first, so a bad
-        one (``ValueError``) commits none."""
-        checked = [(rid, self._committable(rid, n), n) for rid, n in pairs]
+    def commit_many(self, pairs: Sequence[Any], num_computed_tokens: Sequence[int] | None = None
+                    ) -> None:
+        """``commit(rid, n)`` of each ``(rid, n)`` of ``pairs`` (or ``commit_many(rids,
+        num_computed_tokens)``), in order; every pair is checked first, so a bad one
+        (``ValueError``) commits none."""
+        rids, news = columns(pairs, num_computed_tokens, "commit_many")
+        checked = [(rid, self._committable(rid, n), n) for rid, n in zip(rids, news, strict=True)]
         commit = self._commit
         for rid, req, n in checked:
             commit(rid, req, n, False)
 
-    def append_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
-        """``append(rid, token)`` of each pair, in order, each request once; all or nothing
-        (``KVCacheManager.append_token_many``)."""
+    def append_many(self, pairs: Sequence[Any], tokens: Sequence[int] | None = None) -> None:
+        """``append(rid, token)`` of each pair (or ``append_many(rids, tokens)``), in order,
+        each request once; all or nothing (``KVCacheManager.append_token_many``)."""
+        rids, tokens = columns(pairs, tokens, "append_many")
         requests = self.requests
-        self.manager.append_token_many([requests[rid] for rid, _ in pairs],
-                                       [token for _, token in pairs])
+        self.manager.append_token_many([requests[rid] for rid in rids], list(tokens))
 
     def preempt(self, rid: Any) -> None:
         req = self.requests[rid]

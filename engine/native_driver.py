@@ -32,7 +32,7 @@ from pagedkv.allocator.native_entry import ANY_VEC, I64, MAT, VEC, entry
 from pagedkv.allocator.native_steps import R_KNOWN, R_RESERVED
 from pagedkv.spec import ALLOCATED, PUBLISHED, REFERENCED
 
-from .driver import AdmissionStats, launch_batch
+from .driver import AdmissionStats, columns, launch_batch
 from .manager import _count, does_not_fit
 from .request import RequestStatus, _as_token
 
@@ -308,13 +308,14 @@ class NativeDriver:
             raise ValueError("allocate_running: a request appears twice")
         return out
 
-    def commit_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
-        """The step ran: each ``(rid, n)`` counts ``n`` positions computed. The step's first
-        commit publishes every request allocated since ``step()`` as one launch and completes
-        it (its positions with known token ids are committed: cached if full); every pair is
-        checked first (``ValueError``: none is committed)."""
-        rids = [rid for rid, _ in pairs]
-        news = [n for _, n in pairs]
+    def commit_many(self, pairs: Sequence[Any], num_computed_tokens: Sequence[int] | None = None
+                    ) -> None:
+        """The step ran: each ``(rid, n)`` of ``pairs`` counts ``n`` positions computed (or
+        ``commit_many(rids, num_computed_tokens)``, the same as two sequences). The step's
+        first commit publishes every request allocated since ``step()`` as one launch and
+        completes it (its positions with known token ids are committed: cached if full);
+        every pair is checked first (``ValueError``: none is committed)."""
+        rids, news = columns(pairs, num_computed_tokens, "commit_many")
         rows = self._running_rows(rids)
         if rows is None:
             for rid in rids:
@@ -381,11 +382,11 @@ class NativeDriver:
             raise AssertionError(f"a launch of requests not running: {rids!r}")
         self.alloc._launch_and_commit(tuple(rids), self._rows_array(rows))
 
-    def append_many(self, pairs: Sequence[tuple[Any, int]]) -> None:
-        """``append(rid, token)`` of each pair, each request once; all or nothing."""
+    def append_many(self, pairs: Sequence[Any], tokens: Sequence[int] | None = None) -> None:
+        """``append(rid, token)`` of each pair (or ``append_many(rids, tokens)``), each
+        request once; all or nothing."""
         alloc, requests = self.alloc, self.requests
-        rids = [rid for rid, _ in pairs]
-        tokens = [t for _, t in pairs]
+        rids, tokens = columns(pairs, tokens, "append_many")
         rows = self._running_rows(rids)
         with alloc._lock:
             if rows is not None and self._distinct(rows):

@@ -164,6 +164,13 @@ def _state(d: native_driver.NativeDriver) -> Any:
     (lambda d: d.append_many([("r0", 1), ("r1", True)]), InvalidArgument),
     (lambda d: d.append_many([("r0", 1), ("r1", 2**63)]), InvalidArgument),
     (lambda d: d.append_many([("r0", 1), ("r1", -(2**63) - 1)]), InvalidArgument),
+    (lambda d: d.commit_many(["r0", "r1"], [7, 99]), ValueError),
+    (lambda d: d.commit_many(["r0", "r1"], [7, True]), ValueError),
+    (lambda d: d.commit_many(["r0", "r1"], [7]), ValueError),
+    (lambda d: d.commit_many(["r0"], [7, 7]), ValueError),
+    (lambda d: d.append_many(["r0", "r0"], [1, 2]), ValueError),
+    (lambda d: d.append_many(["r0", "r1"], [1, 2.0]), InvalidArgument),
+    (lambda d: d.append_many(["r0", "r1"], [1]), ValueError),
 ])
 def test_a_refused_step_level_call_changes_nothing(call, error):
     d = _running()
@@ -173,6 +180,45 @@ def test_a_refused_step_level_call_changes_nothing(call, error):
     with pytest.raises(error):
         call(d)
     assert _state(d) == before
+
+
+@pytest.mark.parametrize("make", [pk_driver.make, native_driver.make])
+def test_step_level_calls_take_pairs_or_two_sequences_alike(make):
+    """``commit_many(rids, counts)`` and ``append_many(rids, tokens)`` (tuples too) do what
+    the pairs do: each request's own count and token (prompts of different lengths), the
+    same tables and positions, and the sampled tokens where they belong (a prompt of a
+    request's whole sequence hits every full block of it)."""
+    rids = ["r0", "r1", "r2"]
+    sequences = {rid: list(range(10 * i, 10 * i + 6 + i)) for i, rid in enumerate(rids)}
+    drivers = [make(64, 4), make(64, 4)]
+    for d in drivers:
+        for rid, prompt in sequences.items():
+            d.add(rid, list(prompt))
+            d.allocate(rid, len(prompt))
+    for step in range(6):
+        counts = [len(sequences[rid]) for rid in rids]
+        tokens = [100 * step + i for i in range(3)]
+        for k, d in enumerate(drivers):
+            d.step()
+            if step:
+                d.allocate_running(rids, [1, 1, 1])
+            if k == 0:
+                d.commit_many(list(zip(rids, counts, strict=True)))
+                d.append_many(list(zip(rids, tokens, strict=True)))
+            else:
+                d.commit_many(tuple(rids), counts)
+                d.append_many(rids, tuple(tokens))
+        for rid, token in zip(rids, tokens, strict=True):
+            sequences[rid].append(token)
+    a, b = drivers
+    for rid in rids:
+        assert a.block_ids(rid) == b.block_ids(rid)
+        want = (len(sequences[rid]) - 1, len(sequences[rid]))
+        assert (a.num_computed(rid), a.num_tokens(rid)) == want
+        assert (b.num_computed(rid), b.num_tokens(rid)) == want
+    for rid, seq in sequences.items():
+        full = (len(seq) - 1) // 4 * 4  # (the last block a commit filled, never the last token)
+        assert a.add(f"q{rid}", seq + [7]) == b.add(f"q{rid}", seq + [7]) == full
 
 
 def test_a_waiting_request_refuses_step_level_calls():
