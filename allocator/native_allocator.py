@@ -63,7 +63,10 @@ from .native_steps import (  # the row layout the generated module was pasted wi
     R_KNOWN,
     R_RESERVED,
     R_TLEN,
+    STEP_COUNT,
+    STEP_KEYS_ROOM,
     STEP_OK,
+    STEP_TOO_WIDE,
 )
 from .request_view import materialize, request_view
 from .table import MAX_COUNT, check_count
@@ -85,6 +88,12 @@ class _HitMemo(NamedTuple):
     blocks: np.ndarray
     hits: list[int]
     limit: int
+
+
+def _split(entries: list[int], counts: list[int]) -> list[list[int]]:
+    """``entries`` cut into consecutive lists of ``counts[i]`` each."""
+    it = iter(entries)
+    return [list(itertools.islice(it, g)) if g else [] for g in counts]
 
 
 def _leading_part(memo: _HitMemo, k: int) -> _HitMemo | None:
@@ -154,6 +163,10 @@ class NativeAllocator(RequestBook):
         self.R = np.zeros((R_FIELDS, rows), np.int64)
         self.T = np.full((rows, 16), -1, np.int64)
         self._S = np.empty((3, 2 * self.num_blocks + 2), np.int64)  # never fills: see grow
+        # a running pass's growth per request, targets, and the entries it added (at most a
+        # block each of the pool's)
+        self._grown = self._targets = np.empty(0, np.int64)
+        self._entries = np.empty(self.num_blocks + 1, np.int64)
         self._filled = np.empty((3, rows), np.int64)
         # a fused launch's slot mapping, starts, lengths, writes and commit counts (unchecked)
         self._fused = [np.empty(64, np.int64) for _ in range(5)]
@@ -435,6 +448,8 @@ class NativeAllocator(RequestBook):
             raise InvalidArgument(
                 f"allocate_many grows running requests; {rid!r} has an empty table "
                 "(its first allocation takes prefix hits: allocate)")
+        if status == STEP_COUNT:
+            raise InvalidArgument(f"request {rid!r}: a running pass's token counts must be > 0")
         if status == mod.STEP_ROLLBACK:
             raise InvalidArgument(
                 f"request {rid!r} has fewer positions computed than issued: rolling back "
@@ -456,40 +471,52 @@ class NativeAllocator(RequestBook):
                                            tr.blocks, tr.gens, tr.lengths, E)
         if bad >= 0:  # pragma: no cover - rows grow by appends
             raise AssertionError("a table grew other than at its end")
-        entries = iter(E[:total].tolist())
-        return [list(itertools.islice(entries, g)) if g else [] for g in grown[:n].tolist()]
+        return _split(E[:total].tolist(), grown[:n].tolist())
 
-    def grow_running(self, rows: np.ndarray, bases: np.ndarray, counts: np.ndarray,
+    def grow_running(self, rows: np.ndarray, computed: np.ndarray, counts: np.ndarray,
                      rids: Sequence[Hashable]) -> list[list[int]]:
         """A scheduler's running pass in one native loop (``native_steps.grow_running``):
-        request ``rids[i]`` at row ``rows[i]`` (its table non-empty), ``bases[i]`` positions
-        computed, grows by ``counts[i]`` new ones (to at least what it reserved), in order,
-        stopping at the first whose new blocks are not usable then; returns the entries each
-        one grown added (shorter than ``rows`` if one did not fit). int64 arrays, the counts
-        checked ints > 0 and the requests distinct (the caller's). Under the caller's lock."""
+        request ``rids[i]`` at row ``rows[i]`` (its table non-empty), ``computed[rows[i]]``
+        positions computed (``computed``: by row), grows by ``counts[i]`` new ones (> 0;
+        to at least what it reserved), in order, stopping at the first whose new blocks are
+        not usable then; returns the entries each one grown added (shorter than ``rows`` if
+        one did not fit). int64 vectors, ``computed`` contiguous and covering every row, the
+        counts ints, the requests distinct (the caller's). Under the caller's lock."""
         n = len(rows)
-        if not (rows.dtype is bases.dtype is counts.dtype is _INT64
-                and rows.ndim == bases.ndim == counts.ndim == 1
-                and len(bases) == len(counts) == n):  # (the native loop trusts their types)
-            raise InvalidArgument("grow_running takes three int64 vectors of one length")
-        targets = np.empty(n, np.int64)
-        grown = np.empty(n, np.int64)
+        if not (rows.dtype is computed.dtype is counts.dtype is _INT64
+                and rows.ndim == computed.ndim == counts.ndim == 1
+                and computed.flags.c_contiguous and len(counts) == n
+                and (not n or 0 <= rows.min() <= rows.max() < len(computed))):
+            raise InvalidArgument("grow_running takes three int64 vectors: rows, computed "
+                                  "positions by row (covering them), counts of the rows' length")
+        return self._grow_running(rows, computed, counts, rids)
+
+    def _grow_running(self, rows: np.ndarray, computed: np.ndarray, counts: np.ndarray,
+                      rids: Sequence[Hashable]) -> list[list[int]]:
+        """``grow_running`` on vectors the caller made (their types as it checks them)."""
+        n = len(rows)
+        if len(self._grown) < n:
+            self._grown, self._targets = np.empty(2 * n, np.int64), np.empty(2 * n, np.int64)
+        grown, tr = self._grown, self._rows
         while True:
-            found = self._steps.grow_running(*self._arrays, rows, bases, counts, n, self._S,
-                                          grown, targets)
-            if found[1] == self.mod.STEP_TOO_WIDE:
+            found = self._steps.grow_running(*self._arrays, rows, computed, counts, n, self._S,
+                                             grown, self._targets, tr.blocks, tr.gens,
+                                             tr.lengths, self._entries)
+            if found[1] == STEP_TOO_WIDE:
                 self._room_for_entries(min(found[2], self.num_blocks))
-            elif found[1] == self.mod.STEP_KEYS_ROOM:
+            elif found[1] == STEP_KEYS_ROOM:
                 self.pool._room_for_keys(found[2])
             else:
                 break
         ok = found[1] == STEP_OK
         if not ok or found[3] or self.checked:  # (else: no evictions, nothing to check)
             self._after_growth([self._requests[rid] for rid in rids] if not ok else (),
-                               (-1 if ok else found[0], *found[1:]))
+                               (-1 if ok else found[0], *found[1:5]))
         if not found[2]:  # no table grew (blocks touched: none): a decode step's pass
             return [[] for _ in range(found[0])]
-        return self._entries_of_rows(rows, grown, found[0])
+        if found[5] < 0:  # pragma: no cover - rows grow by appends
+            raise AssertionError("a table grew other than at its end")
+        return _split(self._entries[:found[5]].tolist(), grown[:found[0]].tolist())
 
     @_locked
     def append_tokens(self, rid: Hashable, token_ids: Sequence[int]) -> None:

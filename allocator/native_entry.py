@@ -98,8 +98,8 @@ class StepLoops:
     arrays, its scratch outputs, and row / count vectors as ``ANY_VEC``."""
 
     def __init__(self, mod: Any) -> None:
-        self.grow_running = entry(mod.grow_running, *STEP, ANY_VEC, ANY_VEC, ANY_VEC, I64,
-                                  MAT, VEC, VEC)
+        self.grow_running = entry(mod.grow_running, *STEP, ANY_VEC, VEC, ANY_VEC, I64, MAT,
+                                  VEC, VEC, I32_MAT, I32_MAT, VEC, VEC)
         self.launch_plan = entry(mod.launch_plan, *STEP, ANY_VEC, I64)
         self.launch_rows = entry(mod.launch_rows, *STEP, ANY_VEC, I64, VEC, VEC, VEC, VEC)
         self.complete_and_commit = entry(mod.complete_and_commit, *STEP, VEC, I64, I64,

@@ -27,7 +27,7 @@ R_FIELDS = 7
 
 (STEP_OK, STEP_SHRINKS, STEP_EMPTY_TABLE, STEP_NO_ROOM, STEP_REFUSED, STEP_NOTHING_ALLOCATED,
  STEP_SHARED_WRITE, STEP_BELOW_COMPUTED, STEP_NOT_ISSUED, STEP_NOT_KNOWN, STEP_PENDING,
- STEP_TOO_WIDE, STEP_ROLLBACK, STEP_KEYS_ROOM) = range(14)
+ STEP_TOO_WIDE, STEP_ROLLBACK, STEP_KEYS_ROOM, STEP_COUNT) = range(15)
 
 
 @njit(cache=True, inline="always")
@@ -66,25 +66,31 @@ def grow_many(B, M, H, K, X, R, T, rows, targets, n, S, grown):
 
 
 @njit(cache=True)
-def grow_running(B, M, H, K, X, R, T, rows, bases, counts, n, S, grown, targets):
+def grow_running(B, M, H, K, X, R, T, rows, computed, counts, n, S, grown, targets, TB, TG, TL,
+                 E):
     """A scheduler's running pass (``KVCacheManager.allocate_slots_many``): request
-    ``rows[i]``, ``bases[i]`` positions computed, grows by ``counts[i]`` new ones, to cover
-    ``max(bases[i] + counts[i], reserved)`` positions (into ``targets``), in order, as long as
-    the blocks it needs are usable then; the first that does not fit and those after it are
-    unchanged. Stops before any change where the rows are too narrow (``STEP_TOO_WIDE``) or
-    the holds set has no room for the new keys (``STEP_KEYS_ROOM``). Refused, changing
-    nothing: a non-empty table whose request has fewer positions computed than issued (a
-    rollback: ``BlockAllocator.truncate``). Returns (requests grown or
+    ``rows[i]``, ``computed[rows[i]]`` positions computed, grows by ``counts[i]`` new ones, to
+    cover ``max(computed + counts[i], reserved)`` positions (into ``targets``), in order, as
+    long as the blocks it needs are usable then; the first that does not fit and those after
+    it are unchanged. Stops before any change where the rows are too narrow
+    (``STEP_TOO_WIDE``) or the holds set has no room for the new keys (``STEP_KEYS_ROOM``).
+    Refused, changing nothing: a count not > 0 (``STEP_COUNT``), a non-empty table whose
+    request has fewer positions computed than issued (a rollback:
+    ``BlockAllocator.truncate``). The entries each one grown added (``grown[i]`` of them) are
+    appended to the launches' rows and to ``E`` (``put_grown``). Returns (requests grown or
     the refused one, ``STEP_*``, the refused block (when grown: the blocks touched, none if
-    no table grew), evicted hash slots, touched blocks)."""
+    no table grew), evicted hash slots, touched blocks, entries put in ``E`` (-1 - i where
+    row i's launch copy was not at its table's previous end))."""
     Bsz = M[BLOCK_SIZE]
     for i in range(n):
         r = rows[i]
+        if counts[i] <= 0:
+            return i, STEP_COUNT, 0, 0, 0, 0
         if R[R_TLEN, r] == 0:
-            return i, STEP_EMPTY_TABLE, 0, 0, 0
-        if bases[i] < R[R_ISSUED, r]:
-            return i, STEP_ROLLBACK, 0, 0, 0
-        targets[i] = max(bases[i] + counts[i], R[R_RESERVED, r])
+            return i, STEP_EMPTY_TABLE, 0, 0, 0, 0
+        if computed[r] < R[R_ISSUED, r]:
+            return i, STEP_ROLLBACK, 0, 0, 0, 0
+        targets[i] = max(computed[r] + counts[i], R[R_RESERVED, r])
     room = M[COUNT0 + FREE] + M[COUNT0 + CACHED] - M[CACHED_BUSY]
     fit = n
     need_all = 0
@@ -100,13 +106,16 @@ def grow_running(B, M, H, K, X, R, T, rows, bases, counts, n, S, grown, targets)
     for i in range(fit):
         widest = max(widest, _cdiv(targets[i], Bsz))
     if widest > T.shape[1]:  # the caller widens the rows and calls again
-        return fit, STEP_TOO_WIDE, widest, 0, 0
+        return fit, STEP_TOO_WIDE, widest, 0, 0, 0
     if 2 * (M[KEYS_USED] + need_all) > K.shape[0]:  # the caller makes room and calls again
-        return fit, STEP_KEYS_ROOM, need_all, 0, 0
+        return fit, STEP_KEYS_ROOM, need_all, 0, 0, 0
     i, status, refused, nev, nt = _grow(B, M, H, K, X, R, T, rows, targets, fit, S, grown)
     if status != STEP_OK:
-        return i, status, refused, nev, nt
-    return fit, STEP_OK, nt, nev, nt
+        return i, status, refused, nev, nt, 0
+    if not nt:
+        return fit, STEP_OK, nt, nev, nt, 0
+    bad, k = put_grown(B, R, T, rows, grown, fit, TB, TG, TL, E)
+    return fit, STEP_OK, nt, nev, nt, k if bad < 0 else -1 - bad
 
 
 @njit(cache=True)

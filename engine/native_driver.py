@@ -106,7 +106,7 @@ class NativeDriver:
         self._record_of_row: dict[int, Any] = {}
         self._last = _NO_BATCH
         self._computed = np.zeros(self.alloc.R.shape[1], np.int64)
-        self._one = np.zeros((3, 1), np.int64)  # one request's row, base and count
+        self._one = np.zeros((3, 1), np.int64)  # one request's row, position and count
         self._advancing = np.empty(64, np.int64)  # check_commits' output (commit_many's)
         self._check_commits = entry(check_commits, MAT, ANY_VEC, ANY_VEC, VEC, I64, VEC)
         self._stats = AdmissionStats()
@@ -147,10 +147,10 @@ class NativeDriver:
         row = self._row_of.get(rid)
         if row is not None and type(num_new_tokens) is int and num_new_tokens > 0:
             one = self._one  # the running pass of one request, without building lists
-            one[0, 0], one[1, 0], one[2, 0] = row, self._computed[row], num_new_tokens
+            one[0, 0], one[2, 0] = row, num_new_tokens
             alloc = self.alloc
             with alloc._lock:
-                got = alloc.grow_running(one[0], one[1], one[2], (rid,))
+                got = alloc._grow_running(one[0], self._computed, one[2], (rid,))
             if not got:
                 return None
             self._scheduled[rid] = None
@@ -236,14 +236,13 @@ class NativeDriver:
         counts = list(num_new_tokens)
         rows = self._running_rows(rids)
         if (rows is None or len(counts) != len(rows) or not self._distinct(rows)
-                or (counts and (not all_ints(counts) or min(counts) <= 0))):
+                or not all_ints(counts)):
             counts = self._refuse_running(rids, counts)
             rows = self._running_rows(rids)
-        rows_a = self._rows_array(rows)
         alloc = self.alloc
-        with alloc._lock:
-            got = alloc.grow_running(rows_a, self._computed[rows_a],
-                                     np.array(counts, np.int64), rids)
+        with alloc._lock:  # (counts not > 0: refused natively, nothing changed)
+            got = alloc._grow_running(self._rows_array(rows), self._computed,
+                                      np.array(counts, np.int64), rids)
         if got:
             grown = rids if len(got) == len(rids) else rids[:len(got)]
             if self._scheduled:

@@ -202,7 +202,8 @@ def test_growth_makes_room_in_the_holds_set_first():
         a.add_request(rid, [1])
         a.allocate(rid, 1)
     row = np.array([a._requests["x"].row], np.int64)
-    got = a.grow_running(row, np.zeros(1, np.int64), np.array([700], np.int64), ["x"])
+    got = a.grow_running(row, np.zeros(row[0] + 1, np.int64), np.array([700], np.int64),
+                         ["x"])
     assert len(got[0]) == 699 and a.pool.structure_errors() == []
     assert len(a.allocate_many([("y", 1500)])[0]) == 1499
     assert a.pool.structure_errors() == [] and len(a.pool.K) >= 4 * 2200
@@ -423,21 +424,27 @@ def test_a_resumed_lookup_drops_a_hit_whose_slot_was_interned_again():
 
 
 @pytest.mark.parametrize("bad", [
-    lambda rows, bases, counts: (rows.astype(np.int32), bases, counts),
-    lambda rows, bases, counts: (rows, bases.astype(np.float64), counts),
-    lambda rows, bases, counts: (rows, bases, counts[:0]),
-    lambda rows, bases, counts: (rows, bases, np.stack([counts, counts])),
-], ids=["int32 rows", "float bases", "short counts", "2-d counts"])
+    lambda rows, computed, counts: (rows.astype(np.int32), computed, counts),
+    lambda rows, computed, counts: (rows, computed.astype(np.float64), counts),
+    lambda rows, computed, counts: (rows, computed, counts[:0]),
+    lambda rows, computed, counts: (rows, computed, np.stack([counts, counts])),
+    lambda rows, computed, counts: (rows, computed[:rows[0]], counts),
+    lambda rows, computed, counts: (rows, np.repeat(computed, 2)[::2], counts),
+    lambda rows, computed, counts: (rows - rows[0] - 1, computed, counts),
+], ids=["int32 rows", "float computed", "short counts", "2-d counts", "rows past computed",
+        "strided computed", "negative row"])
 def test_grow_running_refuses_vectors_its_native_loop_would_misread(bad):
     """``grow_running``'s loop is called through an entry point that trusts its argument
-    types: a vector of another dtype, length or shape is refused before it runs."""
+    types: a vector of another dtype, length or shape, computed positions that do not
+    cover the rows or are not contiguous, are refused before it runs."""
     a = NativeAllocator(16, 4)
     a.add_request("a", list(range(9)))
     a.allocate("a", 9)
     rows = a._rows_of([a._req("a")])
+    computed = np.full(rows[0] + 2, 9, np.int64)  # (two: a strided view is not contiguous)
     before = (a.R.copy(), a.T.copy(), a.pool.B.copy())
     with pytest.raises(InvalidArgument, match="int64 vectors"):
-        a.grow_running(*bad(rows, np.array([9], np.int64), np.array([4], np.int64)), ("a",))
+        a.grow_running(*bad(rows, computed, np.array([4], np.int64)), ("a",))
     assert all(np.array_equal(x, y) for x, y in zip(before, (a.R, a.T, a.pool.B), strict=True))
-    assert a.grow_running(rows, np.array([9], np.int64), np.array([4], np.int64), ("a",)) \
+    assert a.grow_running(rows, computed, np.array([4], np.int64), ("a",)) \
         == [a.block_table("a")[3:]]
