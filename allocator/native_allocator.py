@@ -710,7 +710,7 @@ class NativeAllocator(RequestBook):
         self._written[L] = written
         return launch
 
-    def _issue(self, rids: tuple[Hashable, ...], rows: np.ndarray
+    def _issue(self, rids: Sequence[Hashable], rows: np.ndarray
                ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
         """The transitions of a launch of ``rids`` at ``rows``: their new blocks published,
         the launch numbered, its writes begun (checked, refusals raised). Returns (launch
@@ -807,7 +807,7 @@ class NativeAllocator(RequestBook):
             self.pool._check_clock("advance", None)
             self.pool._drain()
 
-    def _launch_and_commit(self, rids: tuple[Hashable, ...], rows: np.ndarray) -> None:
+    def _launch_and_commit(self, rids: Sequence[Hashable], rows: np.ndarray) -> None:
         """A launch of the distinct known requests ``rids`` at ``rows`` that completes at
         once (a step already run), each then committing what it wrote whose token ids are
         known, in one native loop: ``publish``, ``launch.complete()``, then ``commit_many``
@@ -836,7 +836,7 @@ class NativeAllocator(RequestBook):
                 return
             L, written, issued, news = self._after_fused(rids, rows, n, stop, plan, issue)
         if failed >= 0 or refused:
-            self._launch_of(rids, rows, *issued())
+            self._launch_of(tuple(rids), rows, *issued())
         self._check_completion(L, written, failed, refused)
         self._after_advance(advanced)
         if status != self.mod.STEP_OK:  # the commits are refused (none made): say why
@@ -866,7 +866,7 @@ class NativeAllocator(RequestBook):
                 continue
             return found
 
-    def _after_fused(self, rids: tuple[Hashable, ...], rows: np.ndarray, n: int, stop: int,
+    def _after_fused(self, rids: Sequence[Hashable], rows: np.ndarray, n: int, stop: int,
                      plan: tuple[int, ...], issue: tuple[int, ...]) -> tuple[Any, ...]:
         """A fused launch that did not end in the common case: its refusal raised (its
         plan's, its issue's), else what a refused completion or commit needs: (the launch

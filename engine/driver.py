@@ -79,7 +79,8 @@ def columns(pairs: Sequence[Any], values: Sequence[Any] | None, call: str
     return list(pairs), values
 
 
-def launch_batch(rid: Any, scheduled: dict[Any, Any], launched: set[Any]) -> list[Any]:
+def launch_batch(rid: Any, scheduled: dict[Any, Any], launched: set[Any] | dict[Any, Any]
+                 ) -> list[Any]:
     """The requests the launch that a commit of ``rid`` runs covers (a driver models a step
     as one launch): every request allocated since ``step()`` and not launched yet
     (``scheduled``, in order), if ``rid`` is one of them (they move to ``launched``), else

@@ -98,7 +98,8 @@ class NativeDriver:
             raise AssertionError("the null block is not block 0")
         self.requests: dict[Hashable, _Sequence] = {}
         self._scheduled: dict[Hashable, None] = {}  # allocated this step, not launched yet
-        self._launched: set[Hashable] = set()  # covered by this step's launch
+        # covered by this step's launch (a dict as an ordered set: see commit_many)
+        self._launched: dict[Hashable, None] = {}
         self._num_running = 0
         # Running requests: their allocator rows, records by row, and their computed
         # positions by row (``_Sequence.computed`` is a stopped request's).
@@ -154,7 +155,7 @@ class NativeDriver:
             if not got:
                 return None
             self._scheduled[rid] = None
-            self._launched.discard(rid)
+            self._launched.pop(rid, None)
             return got[0]
         seq = self.requests[rid]
         if seq.status == RequestStatus.RUNNING:
@@ -199,7 +200,7 @@ class NativeDriver:
 
     def _schedule(self, rid: Hashable) -> None:
         self._scheduled[rid] = None
-        self._launched.discard(rid)  # positions allocated after the launch need another
+        self._launched.pop(rid, None)  # positions allocated after the launch need another
 
     def commit(self, rid: Any, num_computed_tokens: int) -> None:
         row = self._row_of.get(rid)
@@ -250,7 +251,8 @@ class NativeDriver:
             else:  # (the step's running pass, first: the order it grew them in)
                 self._scheduled = dict.fromkeys(grown)
             if self._launched:  # (empty until the step's first commit)
-                self._launched.difference_update(grown)
+                for rid in grown:
+                    self._launched.pop(rid, None)
         return got
 
     def _running_rows(self, rids: list[Any]) -> list[int] | None:
@@ -338,9 +340,10 @@ class NativeDriver:
             scheduled = self._scheduled
             if (k == n == len(scheduled) and not self._launched
                     and rids == list(scheduled)):  # (the step's launch: these, in order)
-                self._launched = set(rids)  # (empty before: the step's first launch)
-                scheduled.clear()
-                alloc._launch_and_commit(tuple(rids), rows_a)
+                # they are launched: the scheduled dict becomes the launched one, and the
+                # launched one (empty: the step's first launch) the scheduled one
+                self._scheduled, self._launched = self._launched, scheduled
+                alloc._launch_and_commit(rids, rows_a)
             elif k:
                 self._launch_covering(rids, k)
             self._computed[rows_a] = news_a
@@ -354,7 +357,7 @@ class NativeDriver:
         if first not in launched:
             self._launch_for(first)
         ahead = rids if k == len(rids) else [rids[i] for i in self._advancing[:k].tolist()]
-        if not launched.issuperset(ahead):
+        if not launched.keys() >= set(ahead):
             for rid in ahead:
                 if rid not in launched:
                     self._launch_for(rid)
@@ -379,7 +382,7 @@ class NativeDriver:
         rows = self._running_rows(rids)  # (a step's launch: the batch its commits name)
         if rows is None:  # pragma: no cover - a launch's requests were allocated, running
             raise AssertionError(f"a launch of requests not running: {rids!r}")
-        self.alloc._launch_and_commit(tuple(rids), self._rows_array(rows))
+        self.alloc._launch_and_commit(rids, self._rows_array(rows))
 
     def append_many(self, pairs: Sequence[Any], tokens: Sequence[int] | None = None) -> None:
         """``append(rid, token)`` of each pair (or ``append_many(rids, tokens)``), each
@@ -413,13 +416,13 @@ class NativeDriver:
         seq.computed = 0
         seq.preemptions += 1
         self._scheduled.pop(rid, None)
-        self._launched.discard(rid)
+        self._launched.pop(rid, None)
         self._num_running -= 1
 
     def free(self, rid: Any) -> None:
         seq = self.requests.pop(rid)
         self._scheduled.pop(rid, None)
-        self._launched.discard(rid)
+        self._launched.pop(rid, None)
         if seq.status == RequestStatus.RUNNING:
             self._num_running -= 1
             seq.computed = self._stop(rid)
