@@ -48,7 +48,7 @@ from .errors import (
     OutOfBlocks,
     TokensUnknown,
 )
-from .hashing import digest_bytes, normalize_extra_keys, pack_tokens, packed_int64, salt_bytes
+from .hashing import all_ints, digest_bytes, normalize_extra_keys, pack_tokens, salt_bytes
 from .launch import Launch, LaunchAlreadyCompleted
 from .native_pool import _NONE, ROW, NativePool, native_module
 from .native_steps import (  # the row layout the generated module was pasted with
@@ -88,6 +88,17 @@ class _HitMemo(NamedTuple):
     blocks: np.ndarray
     hits: list[int]
     limit: int
+
+
+def int64_vector(values: Sequence[Any]) -> np.ndarray | None:
+    """``values`` as an int64 vector if each is exactly an int in int64 range (``all_ints``:
+    no bool, no NumPy integer), else None."""
+    if not all_ints(values):
+        return None
+    try:
+        return np.array(values, np.int64)
+    except OverflowError:
+        return None
 
 
 def _split(entries: list[int], counts: list[int]) -> list[list[int]]:
@@ -548,10 +559,10 @@ class NativeAllocator(RequestBook):
         every token is checked before any is recorded (``InvalidArgument``). Natively, each
         row's block in progress takes its token and the blocks ended are hashed in the same
         loop (``native_hash.appender``). Under the caller's lock."""
-        packed = packed_int64(tokens)
-        if packed is None:
+        values = int64_vector(tokens)
+        if values is None:
             tokens = _check_tokens(list(tokens))  # refused, saying why, or plain ints
-            packed = packed_int64(tokens)
+            values = np.array(tokens, np.int64)
         if not reqs:
             return
         n = len(reqs)
@@ -567,7 +578,7 @@ class NativeAllocator(RequestBook):
         if self._appending is not None:
             if len(self._digest_out) < 32 * n:
                 self._digest_out = bytearray(64 * n)
-            nf = self._appending(self.R[R_KNOWN], rows, n, np.frombuffer(packed, np.int64),
+            nf = self._appending(self.R[R_KNOWN], rows, n, values,
                                  self._open, self._parent, self._chained, self._digest_out,
                                  filled, self._filled[1], self._digest_rows, self._stored)
             if nf:

@@ -26,10 +26,10 @@ from typing import Any
 import numba
 import numpy as np
 
-from pagedkv.allocator.hashing import all_ints
-from pagedkv.allocator.native_allocator import NativeAllocator
+from pagedkv.allocator.native_allocator import NativeAllocator, int64_vector
 from pagedkv.allocator.native_entry import ANY_VEC, I64, MAT, VEC, entry
 from pagedkv.allocator.native_steps import R_KNOWN, R_RESERVED
+from pagedkv.allocator.table import MAX_COUNT
 from pagedkv.spec import ALLOCATED, PUBLISHED, REFERENCED
 
 from .driver import AdmissionStats, columns, launch_batch
@@ -236,14 +236,14 @@ class NativeDriver:
         rids = list(rids)
         counts = list(num_new_tokens)
         rows = self._running_rows(rids)
-        if (rows is None or len(counts) != len(rows) or not self._distinct(rows)
-                or not all_ints(counts)):
-            counts = self._refuse_running(rids, counts)
+        counts_a = int64_vector(counts)
+        if (rows is None or counts_a is None or len(counts) != len(rows)
+                or not self._distinct(rows)):
+            counts_a = np.array(self._refuse_running(rids, counts), np.int64)
             rows = self._running_rows(rids)
         alloc = self.alloc
         with alloc._lock:  # (counts not > 0: refused natively, nothing changed)
-            got = alloc._grow_running(self._rows_array(rows), self._computed,
-                                      np.array(counts, np.int64), rids)
+            got = alloc._grow_running(self._rows_array(rows), self._computed, counts_a, rids)
         if got:
             grown = rids if len(got) == len(rids) else rids[:len(got)]
             if self._scheduled:
@@ -305,6 +305,8 @@ class NativeDriver:
         out = [_count(n, "num_new_tokens") for n in counts]
         if 0 in out:
             raise ValueError("allocate_running: num_new_tokens must be > 0")
+        if max(out, default=0) > MAX_COUNT:
+            raise ValueError(f"allocate_running: num_new_tokens must be <= {MAX_COUNT}")
         if len(set(rids)) != len(rids):
             raise ValueError("allocate_running: a request appears twice")
         return out
@@ -326,11 +328,12 @@ class NativeDriver:
         alloc = self.alloc
         with alloc._lock:
             rows_a = self._rows_array(rows)
-            if not all_ints(news):
-                bad = next(i for i, n in enumerate(news) if type(n) is not int)
+            news_a = int64_vector(news)
+            if news_a is None:  # (a count not an int, or past int64)
+                bad = next(i for i, n in enumerate(news)
+                           if type(n) is not int or not -(2**63) <= n < 2**63)
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
             n = len(rows)
-            news_a = np.array(news, np.int64)
             if len(self._advancing) < n:
                 self._advancing = np.empty(2 * n, np.int64)
             bad, k = self._check_commits(alloc.R, rows_a, news_a, self._computed, n,

@@ -165,6 +165,9 @@ def _state(d: native_driver.NativeDriver) -> Any:
     (lambda d: d.append_many([("r0", 1), ("r1", 2**63)]), InvalidArgument),
     (lambda d: d.append_many([("r0", 1), ("r1", -(2**63) - 1)]), InvalidArgument),
     (lambda d: d.commit_many(["r0", "r1"], [7, 99]), ValueError),
+    (lambda d: d.commit_many(["r0", "r1"], [7, 2**64]), ValueError),  # (past int64)
+    (lambda d: d.allocate_running(["r0", "r1"], [1, 2**64]), ValueError),
+    (lambda d: d.allocate_running(["r0", "r1"], [1, 2**63]), ValueError),
     (lambda d: d.commit_many(["r0", "r1"], [7, True]), ValueError),
     (lambda d: d.commit_many(["r0", "r1"], [7]), ValueError),
     (lambda d: d.commit_many(["r0"], [7, 7]), ValueError),
