@@ -146,7 +146,7 @@ class NativeDriver:
         sequence fits), or grow a running one: the new block ids, or None if they do not fit
         (nothing changed)."""
         row = self._row_of.get(rid)
-        if row is not None and type(num_new_tokens) is int and num_new_tokens > 0:
+        if row is not None and type(num_new_tokens) is int and 0 < num_new_tokens <= MAX_COUNT:
             one = self._one  # the running pass of one request, without building lists
             one[0, 0], one[2, 0] = row, num_new_tokens
             alloc = self.alloc
@@ -204,7 +204,8 @@ class NativeDriver:
 
     def commit(self, rid: Any, num_computed_tokens: int) -> None:
         row = self._row_of.get(rid)
-        if row is None or type(num_computed_tokens) is not int:
+        if (row is None or type(num_computed_tokens) is not int
+                or not 0 <= num_computed_tokens <= MAX_COUNT):
             return self.commit_many([(rid, num_computed_tokens)])
         one, alloc = self._one, self.alloc
         with alloc._lock:

@@ -168,6 +168,8 @@ def _state(d: native_driver.NativeDriver) -> Any:
     (lambda d: d.commit_many(["r0", "r1"], [7, 2**64]), ValueError),  # (past int64)
     (lambda d: d.allocate_running(["r0", "r1"], [1, 2**64]), ValueError),
     (lambda d: d.allocate_running(["r0", "r1"], [1, 2**63]), ValueError),
+    (lambda d: d.allocate("r1", 2**64), ValueError),  # (a running one: its growth)
+    (lambda d: d.commit("r1", 2**64), ValueError),
     (lambda d: d.commit_many(["r0", "r1"], [7, True]), ValueError),
     (lambda d: d.commit_many(["r0", "r1"], [7]), ValueError),
     (lambda d: d.commit_many(["r0"], [7, 7]), ValueError),
