@@ -160,6 +160,22 @@ def all_ints(values: Sequence[Any]) -> bool:
     return list(map(type, values)).count(int) == len(values)
 
 
+def all_ints_in_int64(values: Sequence[Any]) -> bool:
+    """``all_ints``, each in int64 range (the range checked by packing them natively)."""
+    return packed_int64(values) is not None
+
+
+def packed_int64(values: Sequence[Any]) -> bytes | None:
+    """``pack_native(values)`` if every item is exactly an int in int64 range
+    (``all_ints``), else None."""
+    if not all_ints(values):
+        return None
+    try:
+        return pack_native(values)
+    except (struct.error, OverflowError):
+        return None
+
+
 def pack_native(tokens: Sequence[int]) -> bytes:
     """Integer tokens as 8-byte little-endian signed integers (``struct.error`` or
     ``OverflowError`` outside int64): ``pack_tokens`` with each token's bytes reversed, in a
