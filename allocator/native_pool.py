@@ -688,6 +688,16 @@ class NativePool:
         cached (the queue's tail), any other is reclaimed and recycled once no launch that
         may read it is in flight. A refused block raises its guard's error (``DoubleFree``);
         the blocks before it stay released."""
+        bs, slot, S = self._releasing(r, blocks)
+        n = len(bs)
+        done, nret = self._release_many(self.B, self.M, self.H, self.K, self.X, slot, bs,
+                                        n, S)
+        if nret or done < n or self.checked:
+            self._released(r, bs, done, nret)
+
+    def _releasing(self, r: Hashable, blocks: object) -> tuple[np.ndarray, int, np.ndarray]:
+        """A release loop's arguments: the block ids as an int64 vector, holder r's slot
+        (``InvalidArgument`` for an unhashable r), scratch rows for as many blocks."""
         if type(blocks) is np.ndarray and blocks.dtype is _INT64 and blocks.ndim == 1:
             bs = blocks
         else:
@@ -695,15 +705,11 @@ class NativePool:
         try:
             slot = self._slot.get(r, UNKNOWN_HOLDER)
         except TypeError:
-            slot = self._holder(r)
-        n = len(bs)
+            slot = self._holder(r)  # raises InvalidArgument
         S = self._scratch
-        if S.shape[1] < n:
-            S = self._scratch_for(n)
-        done, nret = self._release_many(self.B, self.M, self.H, self.K, self.X, slot, bs,
-                                        n, S)
-        if nret or done < n or self.checked:
-            self._released(r, bs, done, nret)
+        if S.shape[1] < len(bs):
+            S = self._scratch_for(len(bs))
+        return bs, slot, S
 
     def _released(self, r: Hashable, bs: np.ndarray, done: int, nret: int) -> None:
         """``release_many`` past its native call: the retired blocks queued at the current
@@ -798,18 +804,8 @@ class NativePool:
         """``BlockPool.finish`` in one native loop: each block released for holder r, in
         order, then r closed. A refused release raises (``DoubleFree``), the releases before
         it staying and r open; so does a refused close (r holds blocks still)."""
-        if type(blocks) is np.ndarray and blocks.dtype is _INT64 and blocks.ndim == 1:
-            bs = blocks
-        else:
-            bs = self._ids(blocks)
-        try:
-            slot = self._slot.get(r, UNKNOWN_HOLDER)
-        except TypeError:
-            slot = self._holder(r)  # raises InvalidArgument
+        bs, slot, S = self._releasing(r, blocks)
         n = len(bs)
-        S = self._scratch
-        if S.shape[1] < n:
-            S = self._scratch_for(n)
         done, nret, closed = self._loops.finish(self.B, self.M, self.H, self.K, self.X, slot,
                                                 bs, n, S)
         if nret or done < n or self.checked:
