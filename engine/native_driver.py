@@ -331,8 +331,7 @@ class NativeDriver:
             rows_a = self._rows_array(rows)
             news_a = int64_vector(news)
             if news_a is None:  # (a count not an int, or past int64)
-                bad = next(i for i, n in enumerate(news)
-                           if type(n) is not int or not -(2**63) <= n < 2**63)
+                bad = next(i for i, n in enumerate(news) if int64_vector((n,)) is None)
                 self._refuse_commit(rids[bad], news[bad], rows[bad])
             n = len(rows)
             if len(self._advancing) < n:
